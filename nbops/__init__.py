@@ -1,0 +1,34 @@
+"""nbops: deep-learning operators on Numba, for NumPy pipelines and CPU/edge
+inference without PyTorch.
+
+Every operator is one call that runs a parallel CPU kernel for NumPy arrays
+and a CUDA kernel for device arrays (anything with
+``__cuda_array_interface__``), with a backward pass and argument checks that
+name what went wrong. Importing nbops compiles nothing: kernels compile on
+first use and are cached on disk.
+
+>>> import numpy as np, nbops
+>>> nbops.gelu(np.linspace(-2, 2, 5, dtype=np.float32))
+array([-0.04550026, -0.15865526,  0.        ,  0.8413447 ,  1.9544997 ], dtype=float32)
+"""
+
+__version__ = "0.1.0"
+
+from ._dispatch import (  # noqa: F401
+    Operator,
+    cuda_available,
+    get_operator,
+    register_op,
+    registered_ops,
+    to_device,
+    to_host,
+)
+from ._runtime import get_debug, get_num_threads, set_debug, set_num_threads  # noqa: F401
+from .activations import *  # noqa: F401,F403
+from .activations import __all__ as _activations_all
+
+__all__ = [
+    "Operator", "cuda_available", "get_operator", "register_op", "registered_ops",
+    "to_device", "to_host", "get_debug", "get_num_threads", "set_debug", "set_num_threads",
+    *_activations_all,
+]

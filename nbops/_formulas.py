@@ -1,0 +1,181 @@
+"""Scalar formulas of the elementwise operators, written once for both devices.
+
+Each forward ``f(x, p, c)`` maps one element; each backward
+``df(g, v, p, c)`` maps an upstream gradient ``g`` and the saved value ``v``
+(the input x, or the output y where the docstring of the op says so). ``p``
+is a 2-tuple of the op's parameters and ``c`` a :class:`Consts` of typed
+constants, both in the array's dtype: in Numba ``float32 * 0.5`` is float64,
+which would halve the vector width and change the rounding.
+
+Transcendental functions are reached through the module global ``m``. On
+the CPU it is :mod:`nbops.cpu._approx` (branch-free polynomial
+approximations that vectorize; Numba's libm calls do not); the CUDA kernel
+module compiles these same functions with ``m`` rebound to :mod:`math`
+(CUDA's own libdevice functions). Written as selects so NaN propagates:
+``a if not x < 0 else b`` keeps a NaN ``x`` on the ``a`` side.
+"""
+
+from collections import namedtuple
+
+import numpy as np
+
+from .cpu import _approx as m  # noqa: F401  (rebound to math for CUDA)
+
+Consts = namedtuple("Consts", [
+    "zero", "half", "one", "two", "three", "sixth", "third",
+    "inv_sqrt2",       # 1/sqrt(2), Phi(x) = erfc(-x/sqrt(2))/2
+    "inv_sqrt_2pi",    # 1/sqrt(2 pi), the normal density's factor
+    "gelu_k",          # sqrt(2/pi), tanh-GELU
+    "gelu_a",          # 0.044715, tanh-GELU
+    "gelu_big",        # |x| past which tanh-GELU's derivative is its limit
+])
+
+
+def consts(dtype):
+    """The :class:`Consts` for ``dtype`` (float32 or float64)."""
+    t = np.dtype(dtype).type
+    return Consts(*(t(v) for v in (
+        0.0, 0.5, 1.0, 2.0, 3.0, 1.0 / 6.0, 1.0 / 3.0, 0.7071067811865476,
+        0.3989422804014327, 0.7978845608028654, 0.044715, 1e4)))
+
+
+def params(dtype, p0=0.0, p1=0.0):
+    """The op parameters as a 2-tuple of ``dtype`` scalars."""
+    t = np.dtype(dtype).type
+    return (t(p0), t(p1))
+
+
+def _sigmoid(x, c):
+    # exp(-|x|) never overflows; the two branches are sigma(x) and 1 - sigma(x)
+    e = m.exp(-abs(x))
+    s = c.one / (c.one + e)
+    return s if not x < c.zero else e * s
+
+
+# --- forward ---------------------------------------------------------------
+
+def relu(x, p, c):
+    return x if not x < c.zero else c.zero
+
+
+def leaky_relu(x, p, c):
+    return x if not x < c.zero else x * p[0]
+
+
+def sigmoid(x, p, c):
+    return _sigmoid(x, c)
+
+
+def tanh(x, p, c):
+    return m.tanh(x)
+
+
+def gelu(x, p, c):
+    # x * Phi(x) with Phi through erfc: accurate in the far negative tail
+    return c.half * x * m.erfc(-x * c.inv_sqrt2)
+
+
+def gelu_tanh(x, p, c):
+    # 0.5 x (1 + tanh(u)) == x * sigmoid(2u): no cancellation for u << 0
+    u = c.gelu_k * (x + c.gelu_a * x * x * x)
+    return x * _sigmoid(c.two * u, c)
+
+
+def silu(x, p, c):
+    return x * _sigmoid(x, c)
+
+
+def swish(x, p, c):
+    return x * _sigmoid(p[0] * x, c)
+
+
+def softplus(x, p, c):
+    # p = (beta, threshold); log(1 + e^z) = max(z, 0) + log1p(e^-|z|)
+    z = p[0] * x
+    soft = ((z if z > c.zero else c.zero) + m.log1p(m.exp(-abs(z)))) / p[0]
+    return x if z > p[1] else soft
+
+
+def elu(x, p, c):
+    return x if x > c.zero else p[0] * m.expm1(x)
+
+
+def hardswish(x, p, c):
+    inner = x if x >= c.three else x * (x + c.three) * c.sixth
+    return c.zero if x <= -c.three else inner
+
+
+# --- backward: df(grad, saved, p, c) -----------------------------------------
+
+def relu_backward(g, x, p, c):
+    return g if x > c.zero else c.zero
+
+
+def leaky_relu_backward(g, x, p, c):
+    return g if x > c.zero else g * p[0]
+
+
+def sigmoid_backward(g, y, p, c):
+    return g * y * (c.one - y)
+
+
+def tanh_backward(g, y, p, c):
+    return g * (c.one - y * y)
+
+
+def gelu_backward(g, x, p, c):
+    cdf = c.half * m.erfc(-x * c.inv_sqrt2)
+    pdf = c.inv_sqrt_2pi * m.exp(-c.half * x * x)
+    return g * (cdf + x * pdf)
+
+
+def gelu_tanh_backward(g, x, p, c):
+    # with s = sigmoid(2u): 1 + tanh u = 2s and 1 - tanh^2 u = 4 s (1 - s)
+    s = _sigmoid(c.two * c.gelu_k * (x + c.gelu_a * x * x * x), c)
+    d = s + c.two * x * s * (c.one - s) * c.gelu_k * (c.one + c.three * c.gelu_a * x * x)
+    # past |x| = 1e4 the slope is exactly 0 or 1, and x^3 would overflow into inf * 0
+    return g * (d if not abs(x) >= c.gelu_big else (c.one if x > c.zero else c.zero))
+
+
+def silu_backward(g, x, p, c):
+    s = _sigmoid(x, c)
+    return g * s * (c.one + x * (c.one - s))
+
+
+def swish_backward(g, x, p, c):
+    s = _sigmoid(p[0] * x, c)
+    return g * s * (c.one + p[0] * x * (c.one - s))
+
+
+def swish_beta_term(g, x, p, c):
+    """d swish / d beta times g, summed over elements by the kernel."""
+    s = _sigmoid(p[0] * x, c)
+    return g * x * x * s * (c.one - s)
+
+
+def softplus_backward(g, x, p, c):
+    z = p[0] * x
+    return g if z > p[1] else g * _sigmoid(z, c)
+
+
+def elu_backward(g, x, p, c):
+    return g if x > c.zero else g * p[0] * m.exp(x)
+
+
+def hardswish_backward(g, x, p, c):
+    inner = g * (x * c.third + c.half) if x <= c.three else g
+    return c.zero if x < -c.three else inner
+
+
+#: forward name -> backward name; the kernel modules build one kernel of each.
+FORWARD = ("relu", "leaky_relu", "sigmoid", "tanh", "gelu", "gelu_tanh", "silu",
+           "swish", "softplus", "elu", "hardswish")
+BACKWARD = tuple(f + "_backward" for f in FORWARD)
+
+
+def functions():
+    """Every scalar function defined here, by name (helpers included), for
+    the kernel modules to compile."""
+    return {name: obj for name, obj in globals().items()
+            if callable(obj) and getattr(obj, "__module__", None) == __name__
+            and name not in ("consts", "params", "functions", "Consts")}

@@ -1,0 +1,67 @@
+"""How nbops compiles its CPU kernels.
+
+``cpu_kernel`` is ``numba.njit`` with the project's settings:
+
+* ``cache=True`` and ``nogil=True`` always;
+* a fastmath flag set that keeps IEEE special values: ``contract`` (FMA),
+  ``nsz``, ``arcp`` and ``afn``, but never ``nnan``/``ninf`` (they fold
+  ``isnan`` to False and let NaN inputs vanish) nor, by default,
+  ``reassoc`` (it turns register-tiled loops into spilling reductions);
+* LLVM's SLP vectorizer switched on while *our* kernels compile.
+
+Numba ships with the SLP vectorizer off (``NUMBA_SLP_VECTORIZE=0``), and
+register-tiled kernels run an order of magnitude slower without it. A
+library cannot ask its users to set an environment variable before they
+import numba, and flipping ``numba.config.SLP_VECTORIZE`` for the whole
+process would change how the user's own functions compile. Numba reads the
+setting each time it builds a pass manager, i.e. during compilation, and
+every compilation of a dispatcher (first call, a call from another jitted
+function, or a cache load) goes through ``Dispatcher.compile``; so each
+kernel's ``compile`` is wrapped to switch SLP on for its own duration only.
+``tests/test_jit.py`` proves it by reading the assembly.
+"""
+
+import threading
+
+from numba import config, njit
+
+#: Flags for elementwise and register-tiled kernels (no nnan/ninf, no reassoc).
+FASTMATH = frozenset({"contract", "nsz", "arcp", "afn"})
+#: Adds reassoc: for reductions whose order does not matter to the result's
+#: stated tolerance (lets LLVM vectorize a sum).
+FASTMATH_REDUCE = FASTMATH | {"reassoc"}
+
+_slp_lock = threading.RLock()
+
+
+def cpu_kernel(fn=None, *, parallel=False, fastmath=FASTMATH, slp=True, **options):
+    """Decorate a CPU kernel: ``numba.njit`` with cache, nogil, safe fastmath
+    flags and (for this kernel's compilation only) the SLP vectorizer.
+
+    Usable bare (``@cpu_kernel``) or with options
+    (``@cpu_kernel(parallel=True)``); extra options go to ``numba.njit``.
+    """
+
+    def deco(f):
+        disp = njit(cache=True, nogil=True, parallel=parallel,
+                    fastmath=set(fastmath), **options)(f)
+        if slp:
+            _compile_with_slp(disp)
+        return disp
+
+    return deco(fn) if fn is not None else deco
+
+
+def _compile_with_slp(disp):
+    compile_ = disp.compile
+
+    def compile(sig):
+        with _slp_lock:
+            saved = config.SLP_VECTORIZE
+            config.SLP_VECTORIZE = 1
+            try:
+                return compile_(sig)
+            finally:
+                config.SLP_VECTORIZE = saved
+
+    disp.compile = compile

@@ -1,0 +1,107 @@
+"""CPU kernels of the activations, generated from :mod:`nbops._formulas`.
+
+Every activation gets four kernels: forward and backward, each in a flat form
+(C-contiguous arrays as 1-D, one ``prange`` over elements: LLVM vectorizes it
+at memory speed) and a 2-D strided form for views (``prange`` over rows).
+They differ only in the scalar formula, so one generator builds them all.
+
+Launchers, one per operator, have the signature ``name(x, out, p, c)`` for
+forward kernels and ``name(g, v, out, p, c)`` for backward kernels, with
+``p``/``c`` the typed parameters and constants of :mod:`nbops._formulas`.
+"""
+
+from numba import prange
+from numba.extending import register_jitable
+
+from .. import _formulas, _layout
+from .._jit import FASTMATH_REDUCE, cpu_kernel
+
+__all__ = list(_formulas.FORWARD + _formulas.BACKWARD) + ["swish_backward_beta"]
+
+
+def _unary_kernels(name, f):
+    def flat(x, out, p, c):
+        for i in prange(x.size):
+            out[i] = f(x[i], p, c)
+
+    def strided(x, out, p, c):
+        for r in prange(x.shape[0]):
+            for j in range(x.shape[1]):
+                out[r, j] = f(x[r, j], p, c)
+
+    return _named(flat, name + "_flat"), _named(strided, name + "_2d")
+
+
+def _binary_kernels(name, f):
+    def flat(a, b, out, p, c):
+        for i in prange(a.size):
+            out[i] = f(a[i], b[i], p, c)
+
+    def strided(a, b, out, p, c):
+        for r in prange(a.shape[0]):
+            for j in range(a.shape[1]):
+                out[r, j] = f(a[r, j], b[r, j], p, c)
+
+    return _named(flat, name + "_flat"), _named(strided, name + "_2d")
+
+
+def _named(fn, name):
+    # a unique qualname gives each generated kernel its own on-disk cache entry
+    fn.__name__ = fn.__qualname__ = name
+    return cpu_kernel(fn, parallel=True)
+
+
+def _launcher(name, kernels):
+    flat, strided = kernels
+
+    def launch(*args):
+        *inputs, out, p, c = args
+        return _layout.elementwise(inputs, out, lambda ins, o: flat(*ins, o, p, c),
+                                   lambda ins, o: strided(*ins, o, p, c))
+
+    launch.__name__ = launch.__qualname__ = name
+    return launch
+
+
+# register_jitable makes each formula (and the helpers they call) callable
+# from jitted code under its own name; it returns the function unchanged.
+for _f in _formulas.functions().values():
+    register_jitable(_f)
+for _name in _formulas.FORWARD:
+    globals()[_name] = _launcher(_name, _unary_kernels(_name, getattr(_formulas, _name)))
+for _name in _formulas.BACKWARD:
+    globals()[_name] = _launcher(_name, _binary_kernels(_name, getattr(_formulas, _name)))
+del _name, _f
+
+_swish_beta = _formulas.swish_beta_term
+
+
+def swish_backward_beta(g, x, p, c):
+    """Sum over all elements of ``g * d swish(x, beta) / d beta``, as a float.
+
+    Accumulated in float64 (``reassoc`` lets the sum vectorize); strided
+    inputs are reduced block by block.
+    """
+    if x.size == 0:
+        return 0.0
+    if _layout.is_c_contiguous(g) and _layout.is_c_contiguous(x):
+        return _swish_beta_flat(g.reshape(-1), x.reshape(-1), p, c)
+    return sum(_swish_beta_2d(gv, xv, p, c)
+               for _, (gv, xv) in _layout.blocks_2d(x.shape, g, x))
+
+
+@cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
+def _swish_beta_flat(g, x, p, c):
+    acc = 0.0
+    for i in prange(x.size):
+        acc += _swish_beta(g[i], x[i], p, c)
+    return acc
+
+
+@cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
+def _swish_beta_2d(g, x, p, c):
+    acc = 0.0
+    for r in prange(x.shape[0]):
+        for j in range(x.shape[1]):
+            acc += _swish_beta(g[r, j], x[r, j], p, c)
+    return acc
