@@ -1,0 +1,56 @@
+"""nbops' CPU kernels compile with the SLP vectorizer on, whatever the
+process-wide Numba setting, and leave that setting (and the user's own
+functions) alone. Proven on the generated assembly."""
+
+import re
+
+import numpy as np
+from numba import config, njit
+
+from nbops import _jit
+
+
+def _straight_line(a, b):
+    # four independent scalar FMAs on neighbouring elements: only the SLP
+    # vectorizer (not the loop vectorizer) can pack them into one vector op;
+    # all loads come before the stores so that aliasing cannot stop it
+    r0 = a[0] * a[4] + b[0]
+    r1 = a[1] * a[5] + b[1]
+    r2 = a[2] * a[6] + b[2]
+    r3 = a[3] * a[7] + b[3]
+    b[0] = r0
+    b[1] = r1
+    b[2] = r2
+    b[3] = r3
+
+
+def _packed_fma(asm):
+    return re.search(r"vfmadd\w*pd\s+%ymm|vfmadd\w*pd\s+%zmm|vfmadd\w*pd\s+.*%ymm", asm) is not None
+
+
+def _compile(disp):
+    a = np.arange(8.0)
+    b = np.ones(4)
+    disp(a, b)
+    return disp.inspect_asm(disp.signatures[0])
+
+
+def test_slp_on_for_nbops_kernels_only():
+    assert config.SLP_VECTORIZE == 0  # numba's default, and what the user gets
+    ours = njit(cache=False, fastmath={"contract"})(_straight_line)
+    _jit._compile_with_slp(ours)
+    theirs = njit(cache=False, fastmath={"contract"})(
+        type(_straight_line)(_straight_line.__code__, globals(), "user_fn"))
+    asm_ours = _compile(ours)
+    asm_theirs = _compile(theirs)
+    assert config.SLP_VECTORIZE == 0, "the setting must be restored after our compile"
+    assert _packed_fma(asm_ours), "SLP did not vectorize the nbops kernel"
+    assert not _packed_fma(asm_theirs), "the user's function must compile with numba's defaults"
+
+
+def test_cpu_kernel_options():
+    k = _jit.cpu_kernel(lambda x: x + 1)
+    assert type(k._cache).__name__ == "FunctionCache"  # cache=True
+    assert k.targetoptions["nogil"]
+    flags = k.targetoptions["fastmath"]
+    assert "nnan" not in str(flags) and "ninf" not in str(flags)
