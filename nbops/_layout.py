@@ -34,19 +34,20 @@ def collapse(shape, *strides_list):
     return tuple(out_shape), [tuple(o) for o in out_strides]
 
 
-def strided_view(x, shape, strides, offset=0):
+def strided_view(x, shape, strides, offset=0, dtype=None):
     """A view of ``x``'s memory with the given shape and byte strides, starting
     ``offset`` bytes after ``x``'s first element. Works for NumPy arrays, the
-    CUDA simulator's arrays and any object with ``__cuda_array_interface__``."""
+    CUDA simulator's arrays and any object with ``__cuda_array_interface__``.
+    ``dtype``, if given, reinterprets the bytes (the strides stay in bytes)."""
     if isinstance(x, np.ndarray):
-        return np.asarray(_Interface(x.__array_interface__, x, shape, strides, offset))
+        return np.asarray(_Interface(x.__array_interface__, x, shape, strides, offset, dtype))
     ary = getattr(x, "_ary", None)
     if isinstance(ary, np.ndarray):  # numba's CUDA simulator wraps NumPy
-        return type(x)(strided_view(ary, shape, strides, offset))
+        return type(x)(strided_view(ary, shape, strides, offset, dtype))
     from numba import cuda
 
     cai = x.__cuda_array_interface__
-    view = _Interface(cai, x, shape, strides, offset).__array_interface__
+    view = _Interface(cai, x, shape, strides, offset, dtype).__array_interface__
     view["version"] = 3
     return cuda.from_cuda_array_interface(view, owner=x, sync=False)
 
@@ -55,10 +56,12 @@ class _Interface:
     """Carries an array interface with a new shape, strides and start; holds
     the owner so the memory outlives the view (as numpy's as_strided does)."""
 
-    def __init__(self, interface, owner, shape, strides, offset):
+    def __init__(self, interface, owner, shape, strides, offset, dtype=None):
         iface = {k: v for k, v in interface.items() if k not in ("mask", "descr")}
         ptr, readonly = iface["data"]
         iface.update(shape=tuple(shape), strides=tuple(strides), data=(ptr + offset, readonly))
+        if dtype is not None:
+            iface["typestr"] = np.dtype(dtype).str
         self.__array_interface__ = iface
         self.base = owner
 
