@@ -1,0 +1,108 @@
+"""``python -m nbops`` (also the ``nbops`` script): info, bench and demo.
+
+    python -m nbops info                       versions, CPU/SIMD, threads, CUDA, cache
+    python -m nbops bench --quick --op gelu    nbops beside NumPy: time, GB/s, error
+    python -m nbops demo                       every op family, checked against NumPy
+"""
+
+import argparse
+import json
+import sys
+
+
+def _info(args):
+    from ._info import collect, format_info
+
+    print(format_info(collect(probe_threads=not args.no_probe)))
+    return 0
+
+
+def _bench(args):
+    import nbops
+
+    from .bench import harness
+
+    try:
+        if args.threads is not None:
+            nbops.set_num_threads(args.threads)
+        selected = harness.select(args.op)
+        sizes = ([harness.parse_size(s) for s in args.size] if args.size
+                 else harness.QUICK_SIZES if args.quick else harness.FULL_SIZES)
+    except ValueError as exc:
+        print(f"nbops bench: {exc}", file=sys.stderr)
+        return 2
+    if args.list:
+        for c in selected:
+            print(f"{c.family:<12} {c.name}")
+        return 0
+    dtypes = [harness.DTYPES[d] for d in args.dtype or ["float32"]]
+    print(f"nbops {nbops.__version__} bench: {nbops.get_num_threads()} thread(s); median of "
+          f"{args.rounds} interleaved rounds after warm-up; speedup = baseline time / nbops "
+          "time;\nGB/s counts each input and output once; 'of copy' compares it with a "
+          "parallel copy measured at the same size;\nmax err = max |y - ref| / (1 + |ref|) "
+          "against a float64 reference from the same inputs.\n")
+    results, copies = harness.run_bench(selected, sizes, dtypes, rounds=args.rounds,
+                                        pause=args.pause)
+    if args.json:
+        from ._info import collect
+
+        doc = {"info": dict(collect()), "threads": nbops.get_num_threads(),
+               "rounds": args.rounds,
+               "copy_gbps": [{"n": n, "dtype": d, "gbps": g} for (n, d), g in copies.items()],
+               "results": [r.as_dict() for r in results]}
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"\nwrote {args.json}")
+    errors = [r for r in results if r.note.startswith("error")]
+    return 1 if errors else 0
+
+
+def _demo(args):
+    from .bench.demo import run_demo
+
+    devices = args.device or ["cpu", "cuda"]
+    return 1 if run_demo(quick=args.quick, devices=devices) else 0
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m nbops", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="{info,bench,demo}", required=True)
+
+    info = sub.add_parser("info", help="versions, CPU and SIMD features, threads, CUDA, cache")
+    info.add_argument("--no-probe", action="store_true",
+                      help="do not run a tiny parallel kernel to learn the threading layer")
+    info.set_defaults(func=_info)
+
+    b = sub.add_parser("bench", help="time ops beside their NumPy/SciPy baselines")
+    b.add_argument("--quick", action="store_true", help="sizes 1M and 16M elements only")
+    b.add_argument("--op", nargs="+", action="extend", metavar="NAME",
+                   help="cases or families to run (shell globs: 'gelu*', 'activations')")
+    b.add_argument("--dtype", nargs="+", action="extend", choices=["float32", "float64"],
+                   help="float32 (default) and/or float64")
+    b.add_argument("--threads", type=int, help="Numba threads (default: all)")
+    b.add_argument("--size", nargs="+", action="extend", metavar="N",
+                   help="element counts instead of the defaults (4096, 64K, 16M)")
+    b.add_argument("--rounds", type=int, default=5, help="timed rounds per case (median)")
+    b.add_argument("--pause", type=float, default=0.05,
+                   help="seconds of sleep before each timed block (default 0.05)")
+    b.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    b.add_argument("--list", action="store_true", help="list the cases and exit")
+    b.set_defaults(func=_bench)
+
+    d = sub.add_parser("demo", help="run every op family, check against NumPy, time it")
+    d.add_argument("--quick", action="store_true", help="small inputs (seconds, once compiled)")
+    d.add_argument("--device", nargs="+", action="extend", choices=["cpu", "cuda"],
+                   help="devices to run on (default: cpu, and cuda when available)")
+    d.set_defaults(func=_demo)
+    return p
+
+
+def main(argv=None):
+    """Entry point of ``python -m nbops`` and of the ``nbops`` script."""
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

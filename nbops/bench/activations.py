@@ -1,0 +1,287 @@
+"""Benchmark cases of the activations: each forward and backward op beside
+the same math written with NumPy/SciPy ufuncs into a pre-allocated output.
+
+Inputs are ``3 * N(0, 1)`` (so the tails of sigmoid, gelu and softplus are
+exercised) and, for backward ops, an upstream gradient ``N(0, 1)``; the
+ops that save their output (sigmoid, tanh) get that output. Baselines are
+chains of in-place ufuncs (``np.maximum(x, 0, out=o)``), which is how a
+careful NumPy user writes them; their temporaries are part of their cost.
+References are the baselines in float64, except where the formula loses
+accuracy in float64 itself (gelu's negative tail: erfc is used there).
+"""
+
+import math
+
+import numpy as np
+from scipy import special
+
+import nbops
+
+from .harness import Case
+
+SLOPE = 0.01       # leaky_relu's default negative_slope
+BETA = 1.5         # swish's beta: not 1, so that it differs from silu
+INV_SQRT2 = 1 / math.sqrt(2)
+INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
+GELU_K = math.sqrt(2 / math.pi)
+GELU_A = 0.044715
+
+
+def _x(n, dtype, rng):
+    return (rng.standard_normal(n, dtype=dtype) * 3,)
+
+
+def _g_x(n, dtype, rng):
+    return rng.standard_normal(n, dtype=dtype), _x(n, dtype, rng)[0]
+
+
+def _g_y(forward):
+    def setup(n, dtype, rng):
+        g, x = _g_x(n, dtype, rng)
+        return g, forward(x.astype(np.float64)).astype(dtype)
+    return setup
+
+
+def _sigmoid_into(z, out):
+    """out = 1 / (1 + exp(-z)) in place (z may be out itself)."""
+    np.negative(z, out=out)
+    np.exp(out, out=out)
+    out += 1
+    return np.reciprocal(out, out=out)
+
+
+# --- forward baselines ----------------------------------------------------
+
+def relu(x, out):
+    return np.maximum(x, 0, out=out)
+
+
+def leaky_relu(x, out):
+    np.multiply(x, SLOPE, out=out)
+    return np.maximum(x, out, out=out)  # valid for slopes below 1
+
+
+def sigmoid(x, out):
+    return _sigmoid_into(x, out)
+
+
+def tanh(x, out):
+    return np.tanh(x, out=out)
+
+
+def gelu(x, out):
+    np.multiply(x, INV_SQRT2, out=out)
+    special.erf(out, out=out)
+    out += 1
+    out *= x
+    out *= 0.5
+    return out
+
+
+def gelu_tanh(x, out):
+    np.multiply(x, x, out=out)
+    out *= GELU_A
+    out += 1
+    out *= x
+    out *= GELU_K
+    np.tanh(out, out=out)
+    out += 1
+    out *= x
+    out *= 0.5
+    return out
+
+
+def silu(x, out):
+    np.negative(x, out=out)
+    np.exp(out, out=out)
+    out += 1
+    return np.divide(x, out, out=out)
+
+
+def swish(x, out):
+    np.multiply(x, -BETA, out=out)
+    np.exp(out, out=out)
+    out += 1
+    return np.divide(x, out, out=out)
+
+
+def softplus(x, out):
+    # beta=1; ignores the threshold (x > 20 gives x), which moves the result
+    # by less than 2e-9 relative; the reference applies it
+    return np.logaddexp(x, 0, out=out)
+
+
+def elu(x, out):
+    np.expm1(x, out=out)  # alpha=1
+    np.copyto(out, x, where=x > 0)
+    return out
+
+
+def hardswish(x, out):
+    np.add(x, 3, out=out)
+    np.clip(out, 0, 6, out=out)
+    out *= x
+    out *= 1 / 6
+    return out
+
+
+# --- backward baselines ---------------------------------------------------
+
+def relu_backward(g, x, out):
+    return np.multiply(g, x > 0, out=out)
+
+
+def leaky_relu_backward(g, x, out):
+    np.multiply(g, SLOPE, out=out)
+    np.copyto(out, g, where=x > 0)
+    return out
+
+
+def sigmoid_backward(g, y, out):
+    np.subtract(1, y, out=out)
+    out *= y
+    out *= g
+    return out
+
+
+def tanh_backward(g, y, out):
+    np.multiply(y, y, out=out)
+    np.subtract(1, out, out=out)
+    out *= g
+    return out
+
+
+def gelu_backward(g, x, out):
+    np.multiply(x, x, out=out)
+    out *= -0.5
+    np.exp(out, out=out)
+    out *= INV_SQRT_2PI
+    out *= x
+    cdf = special.erf(x * INV_SQRT2)
+    cdf += 1
+    cdf *= 0.5
+    out += cdf
+    out *= g
+    return out
+
+
+def gelu_tanh_backward(g, x, out):
+    x2 = x * x
+    t = np.tanh(GELU_K * x * (1 + GELU_A * x2))
+    # 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2)
+    np.multiply(t, t, out=out)
+    np.subtract(1, out, out=out)
+    out *= x
+    out *= 0.5 * GELU_K
+    out *= 1 + 3 * GELU_A * x2
+    t += 1
+    t *= 0.5
+    out += t
+    out *= g
+    return out
+
+
+def silu_backward(g, x, out):
+    s = _sigmoid_into(x, out)
+    t = 1 - s
+    t *= x
+    t += 1
+    t *= s
+    return np.multiply(t, g, out=out)
+
+
+def swish_backward(g, x, out):
+    s = _sigmoid_into(BETA * x, out)
+    t = 1 - s
+    t *= s                               # s (1 - s)
+    gbeta = float(np.sum(g * x * x * t, dtype=np.float64))
+    t *= BETA * x
+    t += s                               # s + beta x s (1 - s)
+    return np.multiply(t, g, out=out), gbeta
+
+
+def softplus_backward(g, x, out):
+    _sigmoid_into(x, out)
+    out *= g
+    return out
+
+
+def elu_backward(g, x, out):
+    np.exp(x, out=out)
+    out *= g
+    np.copyto(out, g, where=x > 0)
+    return out
+
+
+def hardswish_backward(g, x, out):
+    np.multiply(x, 1 / 3, out=out)
+    out += 0.5
+    out *= g
+    np.copyto(out, g, where=x > 3)
+    np.copyto(out, 0, where=x < -3)
+    return out
+
+
+# --- float64 references where the baseline's own formula is not enough ----
+
+def _gelu_ref(x):
+    return 0.5 * x * special.erfc(-x * INV_SQRT2)
+
+
+def _gelu_backward_ref(g, x):
+    return g * (0.5 * special.erfc(-x * INV_SQRT2) + x * INV_SQRT_2PI * np.exp(-0.5 * x * x))
+
+
+def _softplus_ref(x):
+    return np.where(x > 20, x, np.logaddexp(x, 0))
+
+
+def _softplus_backward_ref(g, x):
+    return np.where(x > 20, g, g * special.expit(x))
+
+
+# --- the cases ------------------------------------------------------------
+
+def _unary(name, call, baseline, reference=None):
+    return Case(name, _x, lambda x, out: call(x, out=out),
+                lambda x, out: baseline(x, out), reference)
+
+
+def _binary(name, call, baseline, reference=None, setup=_g_x, **options):
+    return Case(name, setup, lambda g, v, out: call(g, v, out=out),
+                lambda g, v, out: baseline(g, v, out), reference, **options)
+
+
+def _tanh_approx(op):
+    return lambda *a, out: op(*a, approximate="tanh", out=out)
+
+
+CASES = [
+    _unary("relu", nbops.relu, relu),
+    _unary("leaky_relu", nbops.leaky_relu, leaky_relu),
+    _unary("sigmoid", nbops.sigmoid, sigmoid),
+    _unary("tanh", nbops.tanh, tanh),
+    _unary("gelu", nbops.gelu, gelu, _gelu_ref),
+    _unary("gelu_tanh", _tanh_approx(nbops.gelu), gelu_tanh),
+    _unary("silu", nbops.silu, silu),
+    _unary("swish", lambda x, out: nbops.swish(x, BETA, out=out), swish),
+    _unary("softplus", nbops.softplus, softplus, _softplus_ref),
+    _unary("elu", nbops.elu, elu),
+    _unary("hardswish", nbops.hardswish, hardswish),
+    _binary("relu_backward", nbops.relu_backward, relu_backward),
+    _binary("leaky_relu_backward", nbops.leaky_relu_backward, leaky_relu_backward),
+    _binary("sigmoid_backward", nbops.sigmoid_backward, sigmoid_backward,
+            setup=_g_y(special.expit)),
+    _binary("tanh_backward", nbops.tanh_backward, tanh_backward, setup=_g_y(np.tanh)),
+    _binary("gelu_backward", nbops.gelu_backward, gelu_backward, _gelu_backward_ref),
+    _binary("gelu_tanh_backward", _tanh_approx(nbops.gelu_backward), gelu_tanh_backward),
+    _binary("silu_backward", nbops.silu_backward, silu_backward),
+    # grad_beta is a sum of n terms of both signs: its error relative to the
+    # sum grows with the cancellation, so it gets a looser tolerance
+    _binary("swish_backward", lambda g, x, out: nbops.swish_backward(g, x, BETA, out=out),
+            swish_backward, tol=(1e-4, 1e-10)),
+    _binary("softplus_backward", nbops.softplus_backward, softplus_backward,
+            _softplus_backward_ref),
+    _binary("elu_backward", nbops.elu_backward, elu_backward),
+    _binary("hardswish_backward", nbops.hardswish_backward, hardswish_backward),
+]

@@ -1,0 +1,39 @@
+"""Benchmark case of matrix multiplication: square matrices of about ``n``
+elements each (side ``sqrt(n)``, at most 2048 so that a quick run stays
+quick), reported in GFLOP/s (``2 m k n``) against NumPy's BLAS. Skipped with
+a note until ``nbops.matmul`` exists.
+"""
+
+import math
+
+import numpy as np
+
+import nbops
+
+from .harness import Case
+
+MAX_SIDE = 2048
+
+
+def _setup(n, dtype, rng):
+    side = max(1, min(MAX_SIDE, math.isqrt(n)))
+    return tuple(rng.standard_normal((side, side)).astype(dtype) for _ in range(2))
+
+
+def _shape(inputs):
+    a, b = inputs
+    return (a.shape[0], b.shape[1]), a.dtype
+
+
+def _flops(inputs):
+    a, b = inputs
+    return 2 * a.shape[0] * a.shape[1] * b.shape[1]
+
+
+CASES = [
+    # errors of a k-term dot product grow with k: tolerances are relative
+    # to (1 + |ref|) and sized for k up to 2048 in float32
+    Case("matmul", _setup, lambda a, b, out: nbops.matmul(a, b, out=out),
+         lambda a, b, out: np.matmul(a, b, out=out), out_like=_shape, flops=_flops,
+         requires=("matmul",), tol=(1e-4, 1e-12), baseline_name="numpy (BLAS)"),
+]
