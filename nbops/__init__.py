@@ -26,9 +26,12 @@ from ._dispatch import (  # noqa: F401
 from ._runtime import get_debug, get_num_threads, set_debug, set_num_threads  # noqa: F401
 from .activations import *  # noqa: F401,F403
 from .activations import __all__ as _activations_all
+from .tensor import *  # noqa: F401,F403
+from .tensor import __all__ as _tensor_all
 
 __all__ = [
     "Operator", "cuda_available", "get_operator", "register_op", "registered_ops",
     "to_device", "to_host", "get_debug", "get_num_threads", "set_debug", "set_num_threads",
     *_activations_all,
+    *_tensor_all,
 ]

@@ -47,3 +47,13 @@ def grid_tiles(rows, cols):
     """``(blocks, threads)`` 2-D launch covering a rows x cols matrix in
     TILE x TILE tiles, blocks of TILE x TILE_ROWS threads."""
     return ((math.ceil(cols / TILE), math.ceil(rows / TILE)), (TILE, TILE_ROWS))
+
+
+def grid_tiles_3d(rows, cols, batch):
+    """``(blocks, threads)`` for a batch of rows x cols matrices in TILE x TILE
+    tiles (grid z over the batch). Grid axes y and z are capped (CUDA allows
+    65535; the simulator gets 2 x 2 x 2 blocks), so kernels walk tiles and
+    batch entries with grid-stride loops."""
+    (gx, gy), threads = grid_tiles(rows, cols)
+    cap_x, cap_yz = (2, 2) if SIMULATED else (2**31 - 1, 65535)
+    return (min(gx, cap_x), min(gy, cap_yz), max(1, min(batch, cap_yz))), threads

@@ -1,0 +1,140 @@
+"""CPU kernels of the tensor operators: one strided copy behind transpose,
+permute, cat, contiguous and the copying reshape.
+
+Every operator reduces to "copy an N-d strided source into an N-d strided
+destination of the same shape". The public module plans that copy (merged
+axes, element strides, which loop shape) and hands this launcher flat 1-D
+buffers of unsigned integers of the element's width: the kernels move bits,
+so one compilation per width (1, 2, 4, 8 bytes) serves every dtype.
+
+Loop shapes:
+
+* ``_flat``: both sides contiguous in one run, a plain ``prange`` copy.
+* ``_rows``: the last axis is walked by the inner loop (unit stride on both
+  sides vectorizes as a copy; any other stride is a gather/scatter); rows
+  and, for few long rows, chunks of a row are spread over the threads.
+* ``_tiles``: the source runs contiguously along axis ``k`` and the
+  destination along the last axis (a transpose). Tiles of ``TILE x TILE``
+  are read row by row into a thread-local buffer and written out row by
+  row, so both sides stream whole cache lines; the strided access stays in
+  the L1-resident buffer. Axes other than ``k`` and the last are a batch.
+"""
+
+import numpy as np
+from numba import prange
+
+from .._jit import cpu_kernel
+
+__all__ = ["strided_copy"]
+
+#: Tile edge of the transpose kernel, in elements. 64 gave the best 8192^2
+#: float32 transpose of {32, 64, 128} (tools/bench_tensor.py).
+TILE = 64
+#: Elements per work item when a copy has fewer rows than threads can share.
+CHUNK = 1 << 15
+
+
+def strided_copy(dst, doff, dstr, src, soff, sstr, shape, axis):
+    """Copy ``src`` into ``dst`` following a plan of nbops.tensor.
+
+    ``dst``/``src`` are 1-D C-contiguous buffers of one unsigned dtype;
+    element ``(i0, .., in)`` lives at ``off + sum(i * stride)`` of each
+    (``doff``/``dstr`` and ``soff``/``sstr``, in elements, offsets >= 0).
+    ``shape`` is the merged shape; ``axis`` is -1 for a row copy, else the
+    axis along which ``src`` has unit stride (``dst`` has it on the last
+    axis): a tiled transpose.
+    """
+    # a read-only source gives every call the same kernel signature
+    src = src.view()
+    src.flags.writeable = False
+    shape = np.asarray(shape, np.int64)
+    dstr = np.asarray(dstr, np.int64)
+    sstr = np.asarray(sstr, np.int64)
+    if axis >= 0:
+        _tiles(dst, doff, dstr, src, soff, sstr, shape, axis)
+    elif shape.size == 1 and dstr[0] == 1 and sstr[0] == 1:
+        _flat(dst[doff:doff + shape[0]], src[soff:soff + shape[0]])
+    else:
+        n = shape[-1]
+        rows = int(np.prod(shape[:-1]))
+        chunk = n if rows >= 64 else max(CHUNK, -(-n * rows // 64))
+        _rows(dst, doff, dstr, src, soff, sstr, shape, min(chunk, n))
+    return dst
+
+
+@cpu_kernel(parallel=True)
+def _flat(dst, src):
+    for i in prange(src.size):
+        dst[i] = src[i]
+
+
+@cpu_kernel
+def _offsets(u, shape, dstr, sstr, doff, soff, skip0, skip1):
+    # C-order multi-index of ``u`` over the axes other than skip0/skip1
+    # (the ones the caller loops over itself), turned into two offsets.
+    for k in range(shape.size - 1, -1, -1):
+        if k == skip0 or k == skip1:
+            continue
+        q = u // shape[k]
+        i = u - q * shape[k]
+        u = q
+        doff += i * dstr[k]
+        soff += i * sstr[k]
+    return doff, soff
+
+
+@cpu_kernel(parallel=True)
+def _rows(dst, doff, dstr, src, soff, sstr, shape, chunk):
+    last = shape.size - 1
+    n = shape[last]
+    ds = dstr[last]
+    ss = sstr[last]
+    rows = 1
+    for k in range(last):
+        rows *= shape[k]
+    pieces = (n + chunk - 1) // chunk
+    for u in prange(rows * pieces):
+        r = u // pieces
+        j0 = (u - r * pieces) * chunk
+        j1 = min(n, j0 + chunk)
+        do, so = _offsets(r, shape, dstr, sstr, doff, soff, last, last)
+        if ds == 1 and ss == 1:
+            for j in range(j0, j1):
+                dst[do + j] = src[so + j]
+        else:
+            for j in range(j0, j1):
+                dst[do + j * ds] = src[so + j * ss]
+
+
+@cpu_kernel(parallel=True)
+def _tiles(dst, doff, dstr, src, soff, sstr, shape, k):
+    last = shape.size - 1
+    nk = shape[k]
+    nl = shape[last]
+    tk = (nk + TILE - 1) // TILE
+    tl = (nl + TILE - 1) // TILE
+    per = tk * tl
+    batch = 1
+    for a in range(shape.size):
+        if a != k and a != last:
+            batch *= shape[a]
+    dk = dstr[k]
+    sl = sstr[last]
+    for u in prange(batch * per):
+        b = u // per
+        t = u - b * per
+        ti = t // tl
+        i0 = ti * TILE
+        j0 = (t - ti * tl) * TILE
+        ni = min(TILE, nk - i0)
+        nj = min(TILE, nl - j0)
+        do, so = _offsets(b, shape, dstr, sstr, doff, soff, k, last)
+        buf = np.empty((TILE, TILE), dst.dtype)
+        for jj in range(nj):
+            s = so + (j0 + jj) * sl + i0
+            for ii in range(ni):
+                buf[jj, ii] = src[s + ii]
+        for ii in range(ni):
+            d = do + (i0 + ii) * dk + j0
+            for jj in range(nj):
+                dst[d + jj] = buf[jj, ii]

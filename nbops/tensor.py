@@ -1,0 +1,567 @@
+"""Tensor operators that move data: transpose/permute, cat, split, reshape,
+contiguous; on CPU and CUDA, with backward rules.
+
+Dtypes: these operators only move bytes, so they accept bool, every integer
+type, float16/32/64 and complex64/128 (NumPy kinds ``b``, ``i``, ``u``,
+``f``, ``c``); results keep the input's dtype and nothing is ever cast. Any
+rank, including 0-d where the operation has a meaning, and any strides
+(negative, zero, or not a multiple of the itemsize).
+
+What comes back:
+
+* :func:`transpose`, :func:`permute` and :func:`cat` always return a new
+  C-contiguous array (or fill ``out=``).
+* :func:`split` returns views of its input, :func:`reshape` a view when the
+  input's strides allow one and otherwise a C-contiguous copy, and
+  :func:`contiguous` the input itself when it is already C-contiguous; on a
+  GPU the views are Numba device arrays over the same memory.
+
+Every copy is one kernel, ``strided_copy`` (``nbops/cpu/tensor.py``,
+``nbops/cuda/tensor.py``), driven by a plan made here: adjacent axes that
+both sides traverse alike are merged, and a copy whose source is contiguous
+along another axis than the destination becomes a tiled transpose.
+"""
+
+import numbers
+from collections import namedtuple
+
+import numpy as np
+
+from . import _checks, _dispatch, _layout
+from ._dispatch import operator
+
+__all__ = ["transpose", "permute", "cat", "split", "reshape", "contiguous"]
+
+_KERNEL = "tensor.strided_copy"  # private name: no user op can collide with it
+_dispatch.register_kernel(_KERNEL, _dispatch.CPU, "nbops.cpu.tensor:strided_copy")
+_dispatch.register_kernel(_KERNEL, _dispatch.CUDA, "nbops.cuda.tensor:strided_copy")
+
+#: Dtypes these operators accept: everything that is a plain number.
+DTYPES = tuple(np.dtype(t) for t in (
+    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+    np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128))
+
+# The kernels move elements as unsigned integers of the element's width.
+_WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+# ---------------------------------------------------------------------------
+# The copy plan shared by every operator
+
+
+Plan = namedtuple("Plan", "shape dst_strides src_strides axis")
+
+
+def plan_copy(shape, dst_strides, src_strides, itemsize):
+    """How to copy between two layouts of ``shape`` (byte strides).
+
+    Returns ``(plan, word)``: a :class:`Plan` in elements of ``word`` bytes
+    (the itemsize, or 1 when a stride is not a multiple of it: the copy then
+    moves bytes, with the element's bytes as one more axis), where axes
+    traversed alike by both sides are merged and ``axis`` is the axis along
+    which the source is contiguous when the destination is contiguous along
+    the last axis instead (a tiled transpose), else -1.
+    """
+    shape, dst_strides, src_strides = tuple(shape), tuple(dst_strides), tuple(src_strides)
+    word = itemsize
+    if itemsize not in _WORDS or any(s % itemsize for s in dst_strides + src_strides):
+        shape, word = shape + (itemsize,), 1
+        dst_strides, src_strides = dst_strides + (1,), src_strides + (1,)
+    cshape, (dst_s, src_s) = _layout.collapse(shape, dst_strides, src_strides)
+    dst_s = tuple(s // word for s in dst_s)
+    src_s = tuple(s // word for s in src_s)
+    axis = -1
+    if dst_s[-1] == 1 and src_s[-1] != 1 and 1 in src_s:
+        axis = src_s.index(1)
+    return Plan(cshape, dst_s, src_s, axis), word
+
+
+def _flat(x, offset, shape, strides, word):
+    """A 1-D buffer of ``word``-byte unsigned integers over the memory that a
+    layout of ``x`` (starting ``offset`` bytes in) spans, and the index in it
+    of the layout's first element."""
+    lo = sum(s * (n - 1) for n, s in zip(shape, strides) if s < 0)
+    hi = sum(s * (n - 1) for n, s in zip(shape, strides) if s > 0)
+    buf = _layout.strided_view(x, ((hi - lo) // word + 1,), (word,), offset + lo,
+                               dtype=_WORDS[word])
+    return buf, -lo // word
+
+
+def _copy(device, dst, src, shape, src_strides, dst_offset=0):
+    """Copy the layout ``(shape, src_strides)`` of ``src`` into the
+    C-contiguous-rowed region of ``dst`` starting ``dst_offset`` bytes in
+    (``dst``'s own strides)."""
+    if int(np.prod(shape, dtype=np.int64)) == 0:
+        return dst
+    itemsize = src.dtype.itemsize
+    plan, word = plan_copy(shape, dst.strides, src_strides, itemsize)
+    byte_shape = plan.shape
+    dbuf, doff = _flat(dst, dst_offset, byte_shape, [s * word for s in plan.dst_strides], word)
+    sbuf, soff = _flat(src, 0, byte_shape, [s * word for s in plan.src_strides], word)
+    _dispatch.kernel(_KERNEL, device)(dbuf, doff, plan.dst_strides, sbuf, soff,
+                                      plan.src_strides, plan.shape, plan.axis)
+    return dst
+
+
+# ---------------------------------------------------------------------------
+# Argument checks
+
+
+def _array(op, name, x):
+    return _checks.array(op, name, x, DTYPES)
+
+
+def _int(op, name, value):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{op}: argument '{name}' must be an int, got {_checks.describe(value)}")
+    return int(value)
+
+
+def _int_sequence(op, name, value):
+    """A list of Python ints from a tuple/list/1-D integer array."""
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = value.tolist()
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(f"{op}: argument '{name}' must be a sequence of ints, "
+                        f"got {_checks.describe(value)}")
+    return [_int(op, f"{name}[{i}]", v) for i, v in enumerate(value)]
+
+
+def _permutation(op, name, axes, ndim):
+    if axes is None:
+        return tuple(range(ndim - 1, -1, -1))
+    axes = _int_sequence(op, name, axes)
+    if len(axes) != ndim:
+        raise ValueError(f"{op}: argument '{name}' must list all {ndim} axes of the array, "
+                         f"got {len(axes)}: {tuple(axes)}")
+    perm = tuple(_checks.axis(op, f"{name}[{i}]", a, ndim) for i, a in enumerate(axes))
+    seen = set()
+    for a, p in zip(axes, perm):
+        if p in seen:
+            raise ValueError(f"{op}: argument '{name}' repeats axis {a} in {tuple(axes)}")
+        seen.add(p)
+    return perm
+
+
+def _inverse(perm):
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return tuple(inv)
+
+
+def _c_strides(shape, itemsize):
+    return _layout._c_strides(tuple(shape), itemsize)
+
+
+# ---------------------------------------------------------------------------
+# transpose / permute
+
+
+def _permute_into(op, x, perm, out):
+    dev = _dispatch.resolve_device(op, x=x, out=out)
+    shape = tuple(x.shape[p] for p in perm)
+    out = _checks.output(op, out, shape, x.dtype, dev, {"x": x})
+    return _copy(dev, out, x, shape, [x.strides[p] for p in perm])
+
+
+def _transpose_rule(ctx, grad):
+    x = ctx.inputs[0]
+    perm = _permutation("transpose", "axes", ctx.kwargs["axes"], x.ndim)
+    return transpose(grad, _inverse(perm)), None, None
+
+
+def _permute_rule(ctx, grad):
+    x = ctx.inputs[0]
+    perm = _permutation("permute", "dims", ctx.kwargs["dims"], x.ndim)
+    return permute(grad, _inverse(perm)), None, None
+
+
+@operator("transpose", backward=_transpose_rule)
+def transpose(x, axes=None, out=None):
+    """Permute the axes of ``x`` into a new C-contiguous array.
+
+    The result equals ``np.ascontiguousarray(np.transpose(x, axes))`` but is
+    always a new array (or ``out``), also when no data would move. On the
+    CPU a transpose of two axes runs as cache-blocked tiles spread over the
+    threads; on CUDA as shared-memory tiles with coalesced loads and stores.
+
+    Parameters
+    ----------
+    x : ndarray or device array, any dtype of :data:`DTYPES`, any shape
+        Contiguous or strided (negative strides included); not modified.
+    axes : sequence of ints, optional
+        A permutation of ``range(x.ndim)`` (negative axes count from the
+        end); result axis ``i`` is ``x``'s axis ``axes[i]``. Default: the
+        axes reversed (the matrix transpose for 2-D ``x``).
+    out : array, optional
+        C-contiguous array of the result's shape, ``x``'s dtype and device,
+        not overlapping ``x``.
+
+    Returns
+    -------
+    array of shape ``[x.shape[a] for a in axes]``, ``x``'s dtype and device.
+
+    Raises
+    ------
+    TypeError
+        ``x`` is not an array of a supported dtype; ``axes`` is not a
+        sequence of ints; ``out`` has the wrong dtype or device.
+    ValueError
+        ``axes`` has the wrong length, an axis out of range or a repeated
+        axis; ``out`` has the wrong shape, is not C-contiguous or overlaps
+        ``x``.
+
+    Example
+    -------
+    >>> nbops.transpose(np.arange(6).reshape(2, 3))
+    array([[0, 3],
+           [1, 4],
+           [2, 5]])
+    """
+    _array("transpose", "x", x)
+    perm = _permutation("transpose", "axes", axes, x.ndim)
+    return _permute_into("transpose", x, perm, out)
+
+
+@operator("permute", backward=_permute_rule)
+def permute(x, dims, out=None):
+    """PyTorch's name for :func:`transpose` with explicit axes: a new
+    C-contiguous array whose axis ``i`` is ``x``'s axis ``dims[i]``.
+
+    Unlike ``torch.permute`` the result is materialised, not a view. Shapes,
+    dtypes, devices and errors as :func:`transpose` (``dims`` is required).
+
+    Example
+    -------
+    >>> nbops.permute(np.zeros((2, 3, 4)), (2, 0, 1)).shape
+    (4, 2, 3)
+    """
+    _array("permute", "x", x)
+    if dims is None:
+        raise TypeError("permute: argument 'dims' must be a sequence of ints, got None")
+    perm = _permutation("permute", "dims", dims, x.ndim)
+    return _permute_into("permute", x, perm, out)
+
+
+# ---------------------------------------------------------------------------
+# cat / split
+
+
+def _cat_rule(ctx, grad):
+    arrays, axis = ctx.inputs[0], ctx.kwargs["axis"]
+    ax = axis % arrays[0].ndim
+    return list(split(grad, [a.shape[ax] for a in arrays], ax)), None, None
+
+
+@operator("cat", backward=_cat_rule)
+def cat(arrays, axis=0, out=None):
+    """Concatenate arrays along an existing axis into a new C-contiguous
+    array (``np.concatenate``, ``torch.cat``).
+
+    Parameters
+    ----------
+    arrays : list or tuple of arrays
+        At least one; all of one dtype (no promotion), one device and one
+        rank >= 1, with equal sizes on every axis but ``axis``; any
+        strides. Empty arrays (size 0 along ``axis``) are allowed.
+    axis : int, default 0
+        Negative counts from the end.
+    out : array, optional
+        C-contiguous array of the result's shape, dtype and device, not
+        overlapping any input.
+
+    Returns
+    -------
+    array whose ``axis`` is the sum of the inputs' sizes along it.
+
+    Raises
+    ------
+    TypeError
+        ``arrays`` is not a list/tuple, an element is not an array of a
+        supported dtype, dtypes differ (naming the first array that
+        differs, e.g. ``arrays[2]``), arrays are on different devices,
+        ``out`` has the wrong dtype or device.
+    ValueError
+        ``arrays`` is empty, holds 0-d arrays, ranks or shapes differ
+        (naming the array and the axis), ``axis`` is out of range, ``out``
+        has the wrong shape, is not C-contiguous or overlaps an input.
+
+    Example
+    -------
+    >>> nbops.cat([np.zeros((1, 2)), np.ones((2, 2))], axis=0).shape
+    (3, 2)
+    """
+    op = "cat"
+    if not isinstance(arrays, (list, tuple)):
+        raise TypeError(f"{op}: argument 'arrays' must be a list or tuple of arrays, "
+                        f"got {_checks.describe(arrays)}")
+    if not arrays:
+        raise ValueError(f"{op}: argument 'arrays' must hold at least one array, got none")
+    named = {f"arrays[{i}]": _array(op, f"arrays[{i}]", a) for i, a in enumerate(arrays)}
+    dev = _dispatch.resolve_device(op, out=out, **named)
+    first = arrays[0]
+    if first.ndim == 0:
+        raise ValueError(f"{op}: arrays[0] is 0-d; only arrays of rank >= 1 can be "
+                         "concatenated")
+    ax = _checks.axis(op, "axis", axis, first.ndim)
+    for i, a in enumerate(arrays[1:], 1):
+        if a.dtype != first.dtype:
+            raise TypeError(f"{op}: arrays[{i}] is {a.dtype} but arrays[0] is {first.dtype}; "
+                            "cast explicitly")
+        if a.ndim != first.ndim:
+            raise ValueError(f"{op}: arrays[{i}] has {a.ndim} dimension(s) but arrays[0] has "
+                             f"{first.ndim}")
+        for k in range(first.ndim):
+            if k != ax and a.shape[k] != first.shape[k]:
+                raise ValueError(
+                    f"{op}: arrays[{i}] has shape {tuple(a.shape)}, arrays[0] has "
+                    f"{tuple(first.shape)}: sizes must match on every axis but axis {ax} "
+                    f"(axis {k} differs)")
+    shape = list(first.shape)
+    shape[ax] = sum(a.shape[ax] for a in arrays)
+    out = _checks.output(op, out, shape, first.dtype, dev, named)
+    start = 0
+    for a in arrays:
+        _copy(dev, out, a, a.shape, a.strides, start * out.strides[ax])
+        start += a.shape[ax]
+    return out
+
+
+def _split_sizes(op, sizes_or_sections, n):
+    if isinstance(sizes_or_sections, numbers.Integral) and not isinstance(
+            sizes_or_sections, (bool, np.bool_)):
+        sections = int(sizes_or_sections)
+        if sections < 1:
+            raise ValueError(f"{op}: the number of sections must be >= 1, got {sections}")
+        q, r = divmod(n, sections)
+        return [q + 1] * r + [q] * (sections - r)
+    sizes = _int_sequence(op, "sizes_or_sections", sizes_or_sections)
+    if any(s < 0 for s in sizes):
+        raise ValueError(f"{op}: sizes must be >= 0, got {tuple(sizes)}")
+    if sum(sizes) != n:
+        raise ValueError(f"{op}: sizes {tuple(sizes)} add up to {sum(sizes)}, but the axis "
+                         f"has {n} element(s)")
+    return sizes
+
+
+def _slice_view(x, axis, start, size):
+    """``x`` restricted to ``start:start + size`` along ``axis``, as a view."""
+    if isinstance(x, np.ndarray):
+        index = [slice(None)] * x.ndim
+        index[axis] = slice(start, start + size)
+        return x[tuple(index)]
+    shape = list(x.shape)
+    shape[axis] = size
+    return _layout.strided_view(x, shape, x.strides, start * x.strides[axis] if size else 0)
+
+
+def _split_rule(ctx, *grads):
+    x, axis = ctx.inputs[0], ctx.kwargs["axis"]
+    ax = axis % x.ndim
+    dev = _dispatch.device_of_array(x)
+    pieces = []
+    for g, view in zip(grads, ctx.output):
+        if g is None:
+            g = np.zeros(tuple(view.shape), x.dtype)
+            if dev == _dispatch.CUDA:
+                g = _dispatch.to_device(g)
+        pieces.append(g)
+    return cat(pieces, ax), None, None
+
+
+@operator("split", backward=_split_rule, save=("inputs", "output"))
+def split(x, sizes_or_sections, axis=0):
+    """Split ``x`` along ``axis`` into a tuple of views.
+
+    ``sizes_or_sections`` is either
+
+    * a list/tuple of sizes (PyTorch's ``torch.split`` with a list): pieces
+      of exactly those sizes, which must be >= 0 and add up to
+      ``x.shape[axis]``; or
+    * an int ``n`` >= 1: exactly ``n`` pieces whose sizes differ by at most
+      one, the larger ones first (``np.array_split``; NumPy and PyTorch
+      disagree here: ``torch.split(x, n)`` means pieces *of size* ``n`` and
+      ``torch.chunk`` may return fewer than ``n`` pieces).
+
+    The pieces are views of ``x`` (writing to them writes to ``x``); on a GPU,
+    Numba device arrays over ``x``'s memory.
+
+    Parameters
+    ----------
+    x : ndarray or device array of rank >= 1, any dtype of :data:`DTYPES`
+    sizes_or_sections : int or sequence of ints
+    axis : int, default 0
+
+    Returns
+    -------
+    tuple of arrays, ``x``'s dtype and device.
+
+    Raises
+    ------
+    TypeError
+        ``x`` is not an array of a supported dtype; ``sizes_or_sections``
+        is neither an int nor a sequence of ints; ``axis`` is not an int.
+    ValueError
+        ``x`` is 0-d, ``axis`` is out of range, sections < 1, a negative
+        size, or sizes that do not add up to ``x.shape[axis]``.
+
+    Example
+    -------
+    >>> [p.tolist() for p in nbops.split(np.arange(5), [2, 3])]
+    [[0, 1], [2, 3, 4]]
+    >>> [p.tolist() for p in nbops.split(np.arange(5), 2)]
+    [[0, 1, 2], [3, 4]]
+    """
+    op = "split"
+    _array(op, "x", x)
+    _dispatch.resolve_device(op, x=x)
+    if x.ndim == 0:
+        raise ValueError(f"{op}: argument 'x' is 0-d; only arrays of rank >= 1 can be split")
+    ax = _checks.axis(op, "axis", axis, x.ndim)
+    sizes = _split_sizes(op, sizes_or_sections, x.shape[ax])
+    starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)[:-1]]).tolist()
+    return tuple(_slice_view(x, ax, s, n) for s, n in zip(starts, sizes))
+
+
+# ---------------------------------------------------------------------------
+# reshape / contiguous
+
+
+def _target_shape(op, shape, size, old_shape):
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, (bool, np.bool_)):
+        shape = (shape,)
+    dims = _int_sequence(op, "shape", shape)
+    unknown = [i for i, d in enumerate(dims) if d == -1]
+    if len(unknown) > 1:
+        raise ValueError(f"{op}: only one dimension can be -1, got shape {tuple(dims)}")
+    if any(d < -1 for d in dims):
+        raise ValueError(f"{op}: dimensions must be >= 0 (or one -1), got shape {tuple(dims)}")
+    known = int(np.prod([d for d in dims if d != -1], dtype=np.int64))
+    if unknown:
+        if known == 0 or size % known:
+            raise ValueError(f"{op}: cannot infer the -1 in {tuple(dims)} for an array of "
+                             f"shape {tuple(old_shape)} ({size} elements)")
+        dims[unknown[0]] = size // known
+    elif known != size:
+        raise ValueError(f"{op}: cannot reshape an array of shape {tuple(old_shape)} "
+                         f"({size} elements) into shape {tuple(dims)} ({known} elements)")
+    return tuple(dims)
+
+
+def view_strides(old_shape, old_strides, new_shape, itemsize):
+    """Byte strides that view ``(old_shape, old_strides)`` as ``new_shape``
+    without moving data, or None when no view exists (PyTorch's rule: each
+    group of old axes that is contiguous within itself maps onto a group of
+    new axes with the same number of elements)."""
+    if int(np.prod(old_shape, dtype=np.int64)) <= 1:
+        return _c_strides(new_shape, itemsize)
+    # size-1 axes carry no layout: drop them from the old side
+    old = [(n, s) for n, s in zip(old_shape, old_strides) if n != 1]
+    new_strides = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    chunk_stride = old[-1][1]
+    tensor_numel = 1
+    view_numel = 1
+    for d in range(len(old) - 1, -1, -1):
+        tensor_numel *= old[d][0]
+        if d == 0 or old[d - 1][1] != tensor_numel * chunk_stride:
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                new_strides[view_d] = view_numel * chunk_stride
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                chunk_stride = old[d - 1][1]
+                tensor_numel = view_numel = 1
+    return tuple(new_strides) if view_d == -1 else None
+
+
+def _reshape_rule(ctx, grad):
+    return reshape(grad, tuple(ctx.inputs[0].shape)), None
+
+
+@operator("reshape", backward=_reshape_rule)
+def reshape(x, shape):
+    """``x`` with a new shape: a view when ``x``'s strides allow one (always
+    for C-contiguous ``x``), otherwise a C-contiguous copy, as
+    ``torch.reshape``.
+
+    Parameters
+    ----------
+    x : ndarray or device array, any dtype of :data:`DTYPES`, any shape
+    shape : int or sequence of ints
+        The new shape, with as many elements as ``x``; one entry may be -1
+        and is then inferred.
+
+    Returns
+    -------
+    array of ``shape``, ``x``'s dtype and device (a Numba device array over
+    ``x``'s memory for a device view).
+
+    Raises
+    ------
+    TypeError
+        ``x`` is not an array of a supported dtype; ``shape`` is not an int
+        or a sequence of ints.
+    ValueError
+        More than one -1, a dimension < -1, a -1 that cannot be inferred
+        (``x`` has no elements, or the size does not divide), or a shape
+        with a different number of elements.
+
+    Example
+    -------
+    >>> nbops.reshape(np.arange(6), (2, -1))
+    array([[0, 1, 2],
+           [3, 4, 5]])
+    """
+    op = "reshape"
+    _array(op, "x", x)
+    dev = _dispatch.resolve_device(op, x=x)
+    new_shape = _target_shape(op, shape, int(np.prod(x.shape, dtype=np.int64)), x.shape)
+    strides = view_strides(tuple(x.shape), tuple(x.strides), new_shape, x.dtype.itemsize)
+    if strides is None:
+        x = _contiguous_copy(x, dev)
+        strides = _c_strides(new_shape, x.dtype.itemsize)
+    if isinstance(x, np.ndarray):
+        return np.lib.stride_tricks.as_strided(x, new_shape, strides,
+                                               writeable=x.flags.writeable)
+    return _layout.strided_view(x, new_shape, strides)
+
+
+def _contiguous_copy(x, dev):
+    out = _checks.empty(tuple(x.shape), x.dtype, dev)
+    return _copy(dev, out, x, x.shape, x.strides)
+
+
+@operator("contiguous", backward=lambda ctx, grad: (grad,))
+def contiguous(x):
+    """``x`` itself if it is C-contiguous, else a C-contiguous copy on the
+    same device (``torch.Tensor.contiguous``, ``np.ascontiguousarray``).
+
+    Parameters
+    ----------
+    x : ndarray or device array, any dtype of :data:`DTYPES`, any shape and
+        strides (negative and zero strides included).
+
+    Returns
+    -------
+    ``x``, or a new C-contiguous array of ``x``'s shape, dtype and device.
+
+    Raises
+    ------
+    TypeError
+        ``x`` is not an array of a supported dtype.
+
+    Example
+    -------
+    >>> a = np.arange(6).reshape(2, 3)
+    >>> nbops.contiguous(a) is a, nbops.contiguous(a.T).flags.c_contiguous
+    (True, True)
+    """
+    _array("contiguous", "x", x)
+    dev = _dispatch.resolve_device("contiguous", x=x)
+    if _layout.is_c_contiguous(x):
+        return x
+    return _contiguous_copy(x, dev)
