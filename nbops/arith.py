@@ -415,7 +415,8 @@ def _pow_rule(ctx, g):
     a, b = ctx.inputs[:2]
     ga = gb = None
     if _needs(ctx, 0):
-        ga = _grad_for(mul(g, mul(b, pow(a, sub(b, 1.0)))), a)
+        b_minus_1 = b - 1.0 if _is_scalar(b) else sub(b, 1.0)
+        ga = _grad_for(mul(g, mul(b, pow(a, b_minus_1))), a)
     if _needs(ctx, 1):
         gb = _grad_for(mul(mul(g, ctx.output), log(a)), b)
     return ga, gb
