@@ -28,10 +28,17 @@ from .activations import *  # noqa: F401,F403
 from .activations import __all__ as _activations_all
 from .tensor import *  # noqa: F401,F403
 from .tensor import __all__ as _tensor_all
+from .arith import (  # noqa: F401
+    add, sub, mul, div, pow, neg, exp, log, sum, mean, expand, sum_to,
+)
+from .autograd import Tensor, no_grad, enable_grad  # noqa: F401
+from . import autograd  # noqa: F401,E402
 
 __all__ = [
     "Operator", "cuda_available", "get_operator", "register_op", "registered_ops",
     "to_device", "to_host", "get_debug", "get_num_threads", "set_debug", "set_num_threads",
     *_activations_all,
     *_tensor_all,
+    "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sum", "mean", "expand", "sum_to",
+    "Tensor", "no_grad", "enable_grad", "autograd",
 ]
