@@ -28,7 +28,7 @@ from . import _checks, _dispatch
 from ._dispatch import operator
 
 __all__ = ["add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sum", "mean",
-           "expand", "sum_to", "zeros", "contiguous", "permute_view", "index_view",
+           "expand", "sum_to", "zeros", "permute_view", "index_view",
            "assign"]
 
 for _k in ("add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sum", "mean",
@@ -128,15 +128,6 @@ def zeros(shape, dtype, device):
     return _dispatch.kernel("arith.copy", device)(_operand(0.0, np.dtype(dtype), device), out)
 
 
-def contiguous(x):
-    """``x`` if it is C-contiguous, else a C-contiguous copy on its device."""
-    from . import _layout
-
-    if _layout.is_c_contiguous(x):
-        return x
-    return expand(x, tuple(x.shape))
-
-
 def permute_view(x, axes):
     """A view of ``x`` with its axes permuted (NumPy ``transpose``), on either
     device; no data moves."""
@@ -185,7 +176,9 @@ def assign(dst, src):
 def _reshape_keep(g, x_shape, axes):
     """``g`` (a reduction's gradient) with the reduced axes back as size 1."""
     kept = tuple(1 if i in axes else n for i, n in enumerate(x_shape))
-    return contiguous(g).reshape(kept) if kept else g
+    from .tensor import reshape
+
+    return reshape(g, kept) if kept else g
 
 
 # ---------------------------------------------------------------------------

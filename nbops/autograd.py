@@ -382,7 +382,9 @@ class Tensor:
         """A tensor of the same elements in ``shape`` (one -1 allowed); a
         view where the memory allows, else a copy."""
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        return _Reshape.apply(self, tuple(shape))
+        from .tensor import reshape
+
+        return reshape(self, tuple(shape))
 
     def transpose(self, *axes):
         """The tensor with its axes permuted (reversed when none are given), a view."""
@@ -810,34 +812,6 @@ def _matmul():
     import nbops
 
     return getattr(nbops, "matmul", None) or arith.interim_matmul
-
-
-def _reshape_array(x, shape):
-    size = int(np.prod(x.shape))
-    if list(shape).count(-1) > 1:
-        raise ValueError(f"reshape: at most one -1 in the shape, got {shape}")
-    known = int(np.prod([n for n in shape if n != -1]))
-    if -1 in shape:
-        if known == 0 or size % known:
-            raise ValueError(f"reshape: cannot reshape {tuple(x.shape)} into {shape}")
-        shape = tuple(size // known if n == -1 else n for n in shape)
-    if int(np.prod(shape)) != size or any(n < 0 for n in shape):
-        raise ValueError(f"reshape: cannot reshape an array of shape {tuple(x.shape)} "
-                         f"({size} elements) into {tuple(shape)}")
-    if isinstance(x, np.ndarray):
-        return x.reshape(shape)
-    return arith.contiguous(x).reshape(tuple(shape))
-
-
-class _Reshape(Function):
-    @staticmethod
-    def forward(ctx, x, shape):
-        ctx.in_shape = tuple(x.shape)
-        return _reshape_array(x, shape)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _reshape_array(g, ctx.in_shape), None
 
 
 class _Transpose(Function):
