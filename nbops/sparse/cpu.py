@@ -1,0 +1,439 @@
+"""CPU kernels of the CSR operators (:mod:`nbops.sparse`).
+
+Load balance: power-law graphs put most of the nonzeros in a few rows, so
+splitting rows evenly leaves one thread with nearly all the work. Every
+kernel here splits its work by *merge path* (Merrill and Garland, 2016):
+the rows and the nonzeros form one sequence of ``nrows + nnz`` items (a row
+end or a nonzero), and each chunk takes an equal share of it, found by a
+binary search on ``indptr``. A chunk may start or stop inside a row; SpMV
+and SpMM then keep that partial row's sum as a *carry* that is added after
+the parallel loop, so one long row is shared by all threads. Kernels whose
+rows cannot be split (softmax, add, canonicalisation) keep whole rows per
+chunk but still balance ``rows + nnz``.
+
+Launchers (the names in ``__all__``) take arrays already checked and
+allocated by :mod:`nbops.sparse`, and fill or return arrays. None of them
+needs sorted or duplicate-free column indices except ``add_count`` /
+``add_fill`` (the caller canonicalises first).
+"""
+
+import numba
+import numpy as np
+from numba import prange
+from numba.extending import register_jitable
+
+from .._jit import FASTMATH_REDUCE, cpu_kernel
+
+__all__ = ["spmv", "spmm", "sddmm", "row_softmax", "row_softmax_backward", "scale",
+           "to_dense", "counting_sort", "canonicalize", "add", "expand_rows"]
+
+# Items (rows + nonzeros) per chunk below which more chunks only add overhead,
+# and chunks per thread: a few per thread absorb uneven memory latency.
+_GRAIN = 4096
+_CHUNKS_PER_THREAD = 4
+
+
+def _n_chunks(items):
+    return int(max(1, min(numba.get_num_threads() * _CHUNKS_PER_THREAD, items // _GRAIN)))
+
+
+@cpu_kernel
+def _merge_path(diag, indptr, nrows, nnz):
+    """Rows completed before merge-path diagonal ``diag``; the nonzero
+    position there is ``diag - rows``."""
+    lo = max(0, diag - nnz)
+    hi = min(diag, nrows)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if indptr[mid + 1] <= diag - mid - 1:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@cpu_kernel
+def _chunk(t, n_chunks, indptr):
+    """``(row0, nz0, row1, nz1)`` of chunk ``t``: it finishes rows
+    ``row0 .. row1 - 1`` starting at nonzero ``nz0``, then sums nonzeros
+    ``.. nz1`` of row ``row1`` as a carry."""
+    nrows = indptr.size - 1
+    nnz = indptr[nrows]
+    total = nrows + nnz
+    d0 = t * total // n_chunks
+    d1 = (t + 1) * total // n_chunks
+    r0 = _merge_path(d0, indptr, nrows, nnz)
+    r1 = _merge_path(d1, indptr, nrows, nnz)
+    return r0, d0 - r0, r1, d1 - r1
+
+
+# ---------------------------------------------------------------------------
+# SpMV and SpMM: y = scale * A @ x
+
+
+@cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
+def _spmv(data, indices, indptr, x, y, scale, n_chunks):
+    carry_row = np.empty(n_chunks, np.int64)
+    carry = np.empty(n_chunks, y.dtype)
+    zero = y.dtype.type(0)
+    for t in prange(n_chunks):
+        r0, j, r1, j1 = _chunk(t, n_chunks, indptr)
+        for r in range(r0, r1):
+            acc = zero
+            for k in range(j, indptr[r + 1]):
+                acc += data[k] * x[indices[k]]
+            y[r] = acc * scale
+            j = indptr[r + 1]
+        acc = zero
+        for k in range(j, j1):
+            acc += data[k] * x[indices[k]]
+        carry_row[t] = r1
+        carry[t] = acc * scale
+    for t in range(n_chunks):
+        if carry_row[t] < y.size:
+            y[carry_row[t]] += carry[t]
+
+
+def spmv(data, indices, indptr, x, y, scale):
+    _spmv(data, indices, indptr, x, y, y.dtype.type(scale),
+          _n_chunks(y.size + data.size))
+    return y
+
+
+# Dense columns handled together: one block of a float32 row is 4 AVX-512
+# registers, so a row of C stays in registers/L1 while the row's nonzeros
+# stream past, and B's row segment is one contiguous read.
+_COL_BLOCK = 64
+
+
+@cpu_kernel
+def _axpy_rows(a, B, src, C, dst, c0, c1):
+    for c in range(c0, c1):
+        C[dst, c] += a * B[src, c]
+
+
+@cpu_kernel(parallel=True)
+def _spmm(data, indices, indptr, B, C, scale, n_chunks):
+    n = B.shape[1]
+    carry_row = np.empty(n_chunks, np.int64)
+    carry = np.zeros((n_chunks, n), C.dtype)
+    for t in prange(n_chunks):
+        r0, j0, r1, j1 = _chunk(t, n_chunks, indptr)
+        for c0 in range(0, n, _COL_BLOCK):
+            c1 = min(c0 + _COL_BLOCK, n)
+            j = j0
+            for r in range(r0, r1):
+                C[r, c0:c1] = 0
+                for k in range(j, indptr[r + 1]):
+                    _axpy_rows(data[k], B, indices[k], C, r, c0, c1)
+                for c in range(c0, c1):
+                    C[r, c] *= scale
+                j = indptr[r + 1]
+            for k in range(j, j1):
+                _axpy_rows(data[k], B, indices[k], carry, t, c0, c1)
+        carry_row[t] = r1
+    for t in range(n_chunks):
+        if carry_row[t] < C.shape[0]:
+            for c in range(n):
+                C[carry_row[t], c] += carry[t, c] * scale
+
+
+def spmm(data, indices, indptr, B, C, scale):
+    _spmm(data, indices, indptr, B, C, C.dtype.type(scale),
+          _n_chunks(C.shape[0] + data.size))
+    return C
+
+
+# ---------------------------------------------------------------------------
+# SDDMM: out[k] = X[row(k)] . Y[indices[k]], split by equal nonzero shares
+
+
+@cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
+def _sddmm(indices, indptr, X, Y, out, n_chunks):
+    nnz = out.size
+    d = X.shape[1]
+    zero = out.dtype.type(0)
+    for t in prange(n_chunks):
+        k0 = t * nnz // n_chunks
+        k1 = (t + 1) * nnz // n_chunks
+        r = np.searchsorted(indptr, k0, side="right") - 1
+        for k in range(k0, k1):
+            while indptr[r + 1] <= k:
+                r += 1
+            col = indices[k]
+            acc = zero
+            for c in range(d):
+                acc += X[r, c] * Y[col, c]
+            out[k] = acc
+
+
+def sddmm(indices, indptr, X, Y, out):
+    if out.size:
+        _sddmm(indices, indptr, X, Y, out, _n_chunks(out.size * max(1, X.shape[1]) // 4))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Whole-row kernels: chunks of whole rows, balanced on rows + nonzeros
+
+
+@cpu_kernel
+def _row_range(t, n_chunks, indptr):
+    nrows = indptr.size - 1
+    nnz = indptr[nrows]
+    total = nrows + nnz
+    return (_merge_path(t * total // n_chunks, indptr, nrows, nnz),
+            _merge_path((t + 1) * total // n_chunks, indptr, nrows, nnz))
+
+
+@cpu_kernel(parallel=True)
+def _row_softmax(data, indptr, out, n_chunks):
+    for t in prange(n_chunks):
+        r0, r1 = _row_range(t, n_chunks, indptr)
+        for r in range(r0, r1):
+            a = indptr[r]
+            b = indptr[r + 1]
+            if a == b:
+                continue
+            m = data[a]
+            for k in range(a + 1, b):
+                # NaN wins the max so that it propagates to the whole row
+                if data[k] > m or data[k] != data[k]:
+                    m = data[k]
+            s = out.dtype.type(0)
+            for k in range(a, b):
+                e = np.exp(data[k] - m)
+                out[k] = e
+                s += e
+            inv = out.dtype.type(1) / s
+            for k in range(a, b):
+                out[k] *= inv
+
+
+def row_softmax(data, indptr, out):
+    _row_softmax(data, indptr, out, _n_chunks(indptr.size + data.size))
+    return out
+
+
+@cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
+def _row_softmax_backward(y, g, indptr, out, n_chunks):
+    for t in prange(n_chunks):
+        r0, r1 = _row_range(t, n_chunks, indptr)
+        for r in range(r0, r1):
+            s = out.dtype.type(0)
+            for k in range(indptr[r], indptr[r + 1]):
+                s += y[k] * g[k]
+            for k in range(indptr[r], indptr[r + 1]):
+                out[k] = y[k] * (g[k] - s)
+
+
+def row_softmax_backward(y, g, indptr, out):
+    _row_softmax_backward(y, g, indptr, out, _n_chunks(indptr.size + y.size))
+    return out
+
+
+@cpu_kernel(parallel=True)
+def _scale(data, indices, indptr, rs, cs, use_r, use_c, out, n_chunks):
+    for t in prange(n_chunks):
+        r0, r1 = _row_range(t, n_chunks, indptr)
+        for r in range(r0, r1):
+            f = rs[r] if use_r else rs.dtype.type(1)
+            for k in range(indptr[r], indptr[r + 1]):
+                v = data[k] * f
+                out[k] = v * cs[indices[k]] if use_c else v
+
+
+def scale(data, indices, indptr, row_scale, col_scale, out):
+    """``out[k] = data[k] * row_scale[row] * col_scale[col]``; either scale
+    may be None."""
+    one = np.ones(1, out.dtype)
+    _scale(data, indices, indptr, one if row_scale is None else row_scale,
+           one if col_scale is None else col_scale, row_scale is not None,
+           col_scale is not None, out, _n_chunks(indptr.size + data.size))
+    return out
+
+
+@cpu_kernel(parallel=True)
+def _to_dense(data, indices, indptr, out, n_chunks):
+    for t in prange(n_chunks):
+        r0, r1 = _row_range(t, n_chunks, indptr)
+        for r in range(r0, r1):
+            out[r, :] = 0
+            for k in range(indptr[r], indptr[r + 1]):
+                out[r, indices[k]] += data[k]
+
+
+def to_dense(data, indices, indptr, out):
+    _to_dense(data, indices, indptr, out, _n_chunks(out.size // 8 + data.size))
+    return out
+
+
+@cpu_kernel(parallel=True)
+def _expand_rows(indptr, rows, n_chunks):
+    for t in prange(n_chunks):
+        r0, r1 = _row_range(t, n_chunks, indptr)
+        for r in range(r0, r1):
+            rows[indptr[r]:indptr[r + 1]] = r
+
+
+def expand_rows(indptr, rows):
+    """The row of each nonzero (the COO row array)."""
+    _expand_rows(indptr, rows, _n_chunks(indptr.size + rows.size))
+    return rows
+
+
+# ---------------------------------------------------------------------------
+# Parallel stable counting sort: transpose and COO -> CSR
+
+
+@cpu_kernel(parallel=True)
+def _counting_sort(keys, n_keys, ptr, perm, n_chunks):
+    n = keys.size
+    hist = np.zeros((n_chunks, n_keys + 1), ptr.dtype)
+    for t in prange(n_chunks):
+        for k in range(t * n // n_chunks, (t + 1) * n // n_chunks):
+            hist[t, keys[k] + 1] += 1
+    # column totals, then each chunk's first slot per key: chunk order keeps
+    # the sort stable
+    for c in prange(n_keys + 1):
+        s = 0
+        for t in range(n_chunks):
+            v = hist[t, c]
+            hist[t, c] = s
+            s += v
+        ptr[c] = s
+    for c in range(n_keys):
+        ptr[c + 1] += ptr[c]
+    for t in prange(n_chunks):
+        for k in range(t * n // n_chunks, (t + 1) * n // n_chunks):
+            key = keys[k]
+            pos = ptr[key] + hist[t, key + 1]
+            hist[t, key + 1] += 1
+            perm[pos] = k
+
+
+def counting_sort(keys, n_keys, ptr, perm):
+    """Stable sort of ``keys`` (values in ``[0, n_keys)``): fills ``ptr``
+    (``n_keys + 1``, the CSR pointer of the keys) and ``perm`` (source
+    position of each sorted item). Chunks keep one histogram each, so the
+    count of chunks is kept to the thread count."""
+    n_chunks = int(max(1, min(numba.get_num_threads(), keys.size // 65536)))
+    _counting_sort(keys, n_keys, ptr, perm, n_chunks)
+    return ptr, perm
+
+
+# ---------------------------------------------------------------------------
+# Canonical form: columns sorted within rows, duplicates summed
+
+
+@cpu_kernel(parallel=True)
+def _canonical_order(indices, indptr, order, counts, merge, n_chunks):
+    for t in prange(n_chunks):
+        r0, r1 = _row_range(t, n_chunks, indptr)
+        for r in range(r0, r1):
+            a = indptr[r]
+            b = indptr[r + 1]
+            o = np.argsort(indices[a:b], kind="mergesort")
+            c = 0
+            for i in range(b - a):
+                order[a + i] = a + o[i]
+                if not merge or i == 0 or indices[a + o[i]] != indices[a + o[i - 1]]:
+                    c += 1
+            counts[r + 1] = c
+
+
+@cpu_kernel(parallel=True)
+def _canonical_fill(data, indices, indptr, order, merge, new_ptr, new_data, new_indices,
+                    n_chunks):
+    for t in prange(n_chunks):
+        r0, r1 = _row_range(t, n_chunks, indptr)
+        for r in range(r0, r1):
+            p = new_ptr[r] - 1
+            for i in range(indptr[r], indptr[r + 1]):
+                src = order[i]
+                col = indices[src]
+                if merge and p >= new_ptr[r] and new_indices[p] == col:
+                    new_data[p] += data[src]
+                else:
+                    p += 1
+                    new_data[p] = data[src]
+                    new_indices[p] = col
+
+
+def canonicalize(data, indices, indptr, merge):
+    """Columns sorted within each row (stable); with ``merge`` duplicates
+    summed. Returns new ``(data, indices, indptr)``."""
+    n_chunks = _n_chunks(indptr.size + data.size)
+    order = np.empty(data.size, np.int64)
+    counts = np.zeros(indptr.size, indptr.dtype)
+    _canonical_order(indices, indptr, order, counts, merge, n_chunks)
+    new_ptr = np.cumsum(counts).astype(indptr.dtype)
+    nnz = int(new_ptr[-1])
+    new_data = np.empty(nnz, data.dtype)
+    new_indices = np.empty(nnz, indices.dtype)
+    _canonical_fill(data, indices, indptr, order, merge, new_ptr, new_data, new_indices, n_chunks)
+    return new_data, new_indices, new_ptr
+
+
+# ---------------------------------------------------------------------------
+# C = alpha * A + beta * B, both canonical: a merge of sorted rows
+
+
+def merge_rows(a_data, a_ind, a0, a1, b_data, b_ind, b0, b1, alpha, beta, data, ind, p, fill):
+    """Merges one row of A (``a0:a1``) with one of B (``b0:b1``) into
+    ``data``/``ind`` from position ``p`` (only counted unless ``fill``);
+    returns the number of entries. Plain Python, compiled for both devices."""
+    i = a0
+    j = b0
+    n = 0
+    while i < a1 or j < b1:
+        ca = a_ind[i] if i < a1 else -1
+        cb = b_ind[j] if j < b1 else -1
+        take_a = cb < 0 or (ca >= 0 and ca <= cb)
+        take_b = ca < 0 or (cb >= 0 and cb <= ca)
+        if fill:
+            if take_a:
+                v = alpha * a_data[i]
+                if take_b:
+                    v += beta * b_data[j]
+            else:
+                v = beta * b_data[j]
+            ind[p + n] = ca if take_a else cb
+            data[p + n] = v
+        if take_a:
+            i += 1
+        if take_b:
+            j += 1
+        n += 1
+    return n
+
+
+_merge_rows = register_jitable(merge_rows)
+
+
+@cpu_kernel(parallel=True)
+def _add_rows(a_data, a_ind, a_ptr, b_data, b_ind, b_ptr, alpha, beta,
+              ptr, data, ind, fill, n_chunks):
+    # one loop for both passes: counting (fill=False), then writing
+    for t in prange(n_chunks):
+        r0, r1 = _row_range(t, n_chunks, a_ptr)
+        for r in range(r0, r1):
+            n = _merge_rows(a_data, a_ind, a_ptr[r], a_ptr[r + 1], b_data, b_ind, b_ptr[r],
+                            b_ptr[r + 1], alpha, beta, data, ind, ptr[r], fill)
+            if not fill:
+                ptr[r + 1] = n
+
+
+def add(a_data, a_ind, a_ptr, b_data, b_ind, b_ptr, alpha, beta):
+    """``alpha * A + beta * B`` of two canonical CSR matrices of one shape."""
+    n_chunks = _n_chunks(a_ptr.size + a_data.size + b_data.size)
+    ptr = np.zeros(a_ptr.size, a_ptr.dtype)
+    dt = a_data.dtype.type
+    _add_rows(a_data, a_ind, a_ptr, b_data, b_ind, b_ptr, dt(alpha), dt(beta),
+              ptr, a_data[:0], a_ind[:0], False, n_chunks)
+    np.cumsum(ptr, out=ptr)
+    data = np.empty(int(ptr[-1]), a_data.dtype)
+    ind = np.empty(int(ptr[-1]), a_ind.dtype)
+    _add_rows(a_data, a_ind, a_ptr, b_data, b_ind, b_ptr, dt(alpha), dt(beta),
+              ptr, data, ind, True, n_chunks)
+    return data, ind, ptr
