@@ -61,7 +61,12 @@ def _demo(args):
     from .bench.demo import run_demo
 
     devices = args.device or ["cpu", "cuda"]
-    return 1 if run_demo(quick=args.quick, devices=devices) else 0
+    try:
+        failures = run_demo(quick=args.quick, devices=devices, only=args.op)
+    except ValueError as exc:
+        print(f"nbops demo: {exc}", file=sys.stderr)
+        return 2
+    return 1 if failures else 0
 
 
 def build_parser():
@@ -94,6 +99,8 @@ def build_parser():
     d.add_argument("--quick", action="store_true", help="small inputs (seconds, once compiled)")
     d.add_argument("--device", nargs="+", action="extend", choices=["cpu", "cuda"],
                    help="devices to run on (default: cpu, and cuda when available)")
+    d.add_argument("--op", nargs="+", action="extend", metavar="NAME",
+                   help="cases or families to run (shell globs), default all")
     d.set_defaults(func=_demo)
     return p
 

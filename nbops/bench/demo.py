@@ -50,8 +50,9 @@ def _line(name, device, cells, verdict, timing):
     return f"  {name:<20} {device:<4} {'  '.join(cells):<34} {verdict:<4}  {timing}"
 
 
-def run_demo(quick=False, devices=("cpu", "cuda"), write=print):
-    """Run the tour; returns the number of failed checks (0 is success)."""
+def run_demo(quick=False, devices=("cpu", "cuda"), only=None, write=print):
+    """Run the tour (the cases and families matching the globs in ``only``,
+    default all); returns the number of failed checks (0 is success)."""
     targets = [("cpu", "cpu")] if "cpu" in devices else []
     if "cuda" in devices:
         found, line = cuda_devices()
@@ -62,10 +63,11 @@ def run_demo(quick=False, devices=("cpu", "cuda"), write=print):
                                   if targets and targets[-1][0] == "cuda" else ""))
     failures = 0
     families = {}
-    for case in harness.cases().values():
+    for case in harness.select(only):
         families.setdefault(case.family, ([], []))[0].append(case)
     for family, step in harness.demos():
-        families.setdefault(family, ([], []))[1].append(step)
+        if not only or family in only:
+            families.setdefault(family, ([], []))[1].append(step)
     t_start = time.perf_counter()
     for family, (fcases, steps) in families.items():
         write(f"\n{family}")
