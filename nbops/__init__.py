@@ -26,6 +26,8 @@ from ._dispatch import (  # noqa: F401
 from ._runtime import get_debug, get_num_threads, set_debug, set_num_threads  # noqa: F401
 from .activations import *  # noqa: F401,F403
 from .activations import __all__ as _activations_all
+from .linalg import bmm, linear, matmul  # noqa: F401,E402
+from . import autotune  # noqa: F401,E402  (callable module: nbops.autotune(...))
 from .tensor import *  # noqa: F401,F403
 from .tensor import __all__ as _tensor_all
 from .arith import (  # noqa: F401
@@ -38,6 +40,7 @@ __all__ = [
     "Operator", "cuda_available", "get_operator", "register_op", "registered_ops",
     "to_device", "to_host", "get_debug", "get_num_threads", "set_debug", "set_num_threads",
     *_activations_all,
+    "matmul", "bmm", "linear", "autotune",
     *_tensor_all,
     "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sum", "mean", "expand", "sum_to",
     "Tensor", "no_grad", "enable_grad", "autograd",

@@ -1,0 +1,406 @@
+"""Autotuning: pick the fastest of several kernel configurations per shape.
+
+``@autotune(configs=[...], key=[...])`` wraps a function that takes its
+configuration as keyword arguments. The first time a key (the values of the
+named arguments, rounded up to powers of two, plus the dtype of the first
+array argument) is seen, every config is run on the real arguments (one
+warm-up, then ``repeat`` timed runs; the median counts); the fastest is kept
+in memory and in a JSON file in the user's cache directory, and reused
+afterwards, also by later processes. Example::
+
+    from nbops.autotune import autotune
+
+    @autotune(configs=[{"MC": 64, "KC": 256}, {"MC": 96, "KC": 128}],
+              key=["m", "n", "k"], default={"MC": 64, "KC": 256})
+    def run(a, b, out, m, n, k, MC, KC):
+        ...
+
+    run(a, b, out, m=512, n=512, k=512)   # tunes once, then reuses
+
+The module itself is callable, so ``nbops.autotune(configs=..., key=...)``
+is the same decorator.
+
+Settings
+--------
+``NBOPS_AUTOTUNE=0``
+    No timing: every call uses the tuner's documented ``default`` config
+    (the first config when none is given). CI runs this way.
+``NBOPS_CACHE_DIR``
+    Where the cache lives; else ``$XDG_CACHE_HOME/nbops``, else
+    ``~/.cache/nbops``. One file per device (CPU model or GPU name) and
+    nbops version: ``autotune-<device>-<version>.json``. A file that cannot
+    be parsed, or that names another device, version or format, is ignored
+    with a :class:`AutotuneCacheWarning` (and replaced at the next save),
+    never an error; so is an entry whose config is not among the tuner's.
+
+``python -m nbops tune`` (:func:`tune_main`) pre-tunes common shapes.
+"""
+
+import argparse
+import inspect
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import types
+import warnings
+
+__all__ = ["autotune", "Autotuner", "AutotuneCacheWarning", "enabled", "cache_dir",
+           "cache_path", "device_name", "register_tuning", "tune_main"]
+
+FORMAT = 1
+
+
+class AutotuneCacheWarning(UserWarning):
+    """The autotune cache file was unreadable or foreign and was ignored."""
+
+
+def enabled():
+    """False when ``NBOPS_AUTOTUNE`` is ``0``/``false``/``off``."""
+    return os.environ.get("NBOPS_AUTOTUNE", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def cache_dir():
+    """The directory holding the autotune cache files."""
+    d = os.environ.get("NBOPS_CACHE_DIR")
+    if not d:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        d = os.path.join(base, "nbops")
+    return d
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def device_name(gpu=False):
+    """The CPU model, or with ``gpu=True`` the current GPU's name."""
+    if gpu:
+        from . import _dispatch
+
+        dev = _dispatch.ensure_cuda().get_current_device()
+        name = dev.name
+        return name.decode() if isinstance(name, bytes) else str(name)
+    return _cpu_model()
+
+
+def _version():
+    from . import __version__
+
+    return __version__
+
+
+def cache_path(device=None):
+    """Path of the cache file for ``device`` (default: this CPU)."""
+    device = device or device_name()
+    slug = re.sub(r"[^A-Za-z0-9.]+", "-", device).strip("-")[:80] or "device"
+    return os.path.join(cache_dir(), f"autotune-{slug}-{_version()}.json")
+
+
+_file_lock = threading.Lock()
+
+
+def _load(path, device):
+    """Entries of the cache file at ``path``; {} (with a warning) if the file
+    is missing, unreadable or foreign."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        warnings.warn(f"nbops.autotune: ignoring unreadable cache file {path} ({e})",
+                      AutotuneCacheWarning, stacklevel=4)
+        return {}
+    expected = {"format": FORMAT, "device": device, "nbops": _version()}
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), dict) or any(
+            data.get(k) != v for k, v in expected.items()):
+        got = {k: data.get(k) for k in expected} if isinstance(data, dict) else type(data).__name__
+        warnings.warn(f"nbops.autotune: ignoring cache file {path}: written for {got}, "
+                      f"expected {expected}", AutotuneCacheWarning, stacklevel=4)
+        return {}
+    return data["entries"]
+
+
+def _save(path, device, key, entry):
+    """Merge one entry into the cache file, atomically (temp file + rename)."""
+    with _file_lock:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", AutotuneCacheWarning)
+                entries = _load(path, device)
+            entries[key] = entry
+            data = {"format": FORMAT, "device": device, "nbops": _version(), "entries": entries}
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+            os.replace(tmp, path)
+        except OSError as e:  # a read-only home must not break computation
+            warnings.warn(f"nbops.autotune: could not write {path} ({e})",
+                          AutotuneCacheWarning, stacklevel=4)
+
+
+def _bucket(v):
+    """Round a positive int up to a power of two (0 and 1 stay)."""
+    return v if v <= 1 else 1 << (int(v) - 1).bit_length()
+
+
+class Autotuner:
+    """A function tuned over ``configs``; see the module docstring.
+
+    Parameters
+    ----------
+    fn : callable
+        Called as ``fn(*args, **kwargs, **config)``.
+    configs : list of dict
+        Candidate configurations (JSON-serialisable values).
+    key : list of str
+        Names of ``fn``'s arguments (ints) whose values select a tuning.
+    default : dict, optional
+        The config used when tuning is off; the first config if None.
+    name : str, optional
+        Name in the cache file (default: ``fn``'s qualified name).
+    warmup, repeat : int
+        Untimed and timed runs per config.
+    bucket : bool
+        Round key values up to powers of two, so that nearby shapes share
+        one tuning.
+    """
+
+    def __init__(self, fn, configs, key, default=None, name=None, warmup=1, repeat=5,
+                 bucket=True):
+        configs = [dict(c) for c in configs]
+        if not configs:
+            raise ValueError("autotune: configs must not be empty")
+        if default is not None and dict(default) not in configs:
+            configs.append(dict(default))
+        self.fn = fn
+        self.configs = configs
+        self.key = list(key)
+        self.default = dict(default) if default is not None else configs[0]
+        self.name = name or f"{fn.__module__}.{fn.__qualname__}"
+        self.warmup = int(warmup)
+        self.repeat = max(1, int(repeat))
+        self.bucket = bucket
+        self._signature = inspect.signature(fn)
+        self._memory = {}      # (device, key) -> entry
+        self._loaded = {}      # device -> entries read from disk
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    # -- keys ---------------------------------------------------------------
+
+    def key_of(self, args, kwargs):
+        """The cache key string for a call."""
+        bound = self._signature.bind_partial(*args, **kwargs).arguments
+        parts = [self.name]
+        dtype = next((getattr(v, "dtype") for v in list(bound.values()) if hasattr(v, "dtype")
+                      and hasattr(v, "shape")), None)
+        parts.append(str(dtype))
+        for k in self.key:
+            if k not in bound:
+                raise TypeError(f"autotune: {self.name}: key argument {k!r} was not passed")
+            v = bound[k]
+            if self.bucket and isinstance(v, int) and not isinstance(v, bool):
+                v = _bucket(v)
+            parts.append(f"{k}={v}")
+        return "|".join(parts)
+
+    def _device(self, args, kwargs):
+        from . import _dispatch
+
+        gpu = any(_dispatch.is_device_array(v) for v in list(args) + list(kwargs.values()))
+        return device_name(gpu=gpu)
+
+    # -- lookup -------------------------------------------------------------
+
+    def _valid(self, entry):
+        return (isinstance(entry, dict) and entry.get("config") in self.configs
+                and isinstance(entry.get("times"), list))
+
+    def lookup(self, key, device):
+        """The stored entry for ``key`` on ``device`` (memory, then disk), or None."""
+        entry = self._memory.get((device, key))
+        if entry is not None:
+            return entry
+        if device not in self._loaded:
+            self._loaded[device] = _load(cache_path(device), device)
+        entry = self._loaded[device].get(key)
+        if entry is None:
+            return None
+        if not self._valid(entry):
+            warnings.warn(f"nbops.autotune: ignoring malformed cache entry {key!r} in "
+                          f"{cache_path(device)}", AutotuneCacheWarning, stacklevel=3)
+            return None
+        self._memory[(device, key)] = entry
+        return entry
+
+    @staticmethod
+    def best_of(entry, only=None):
+        """The fastest config in ``entry`` matching all items of ``only``."""
+        best = None
+        for config, seconds in entry["times"]:
+            if only and any(config.get(k) != v for k, v in only.items()):
+                continue
+            if seconds is not None and (best is None or seconds < best[1]):
+                best = (config, seconds)
+        return None if best is None else best[0]
+
+    # -- tuning -------------------------------------------------------------
+
+    def _time(self, args, kwargs, config):
+        for _ in range(self.warmup):
+            self.fn(*args, **kwargs, **config)
+        times = []
+        for _ in range(self.repeat):
+            t0 = time.perf_counter()
+            self.fn(*args, **kwargs, **config)
+            times.append(time.perf_counter() - t0)
+            if sum(times) > 2.0 and len(times) >= 3:  # large shapes: enough evidence
+                break
+        return statistics.median(times)
+
+    def tune(self, args, kwargs, key=None, device=None):
+        """Time every config on these arguments; store and return the entry."""
+        key = key or self.key_of(args, kwargs)
+        device = device or self._device(args, kwargs)
+        times, errors = [], []
+        for config in self.configs:
+            try:
+                times.append([config, self._time(args, kwargs, config)])
+            except Exception as e:  # a config that cannot run this shape loses
+                times.append([config, None])
+                errors.append(e)
+        if all(t is None for _, t in times):
+            raise errors[0]
+        entry = {"config": self.best_of({"times": times}), "times": times}
+        self._memory[(device, key)] = entry
+        self._loaded.setdefault(device, {})[key] = entry
+        _save(cache_path(device), device, key, entry)
+        return entry
+
+    def config_for(self, args, kwargs, only=None):
+        """The config a call uses: the default when tuning is off, else the
+        best stored (tuning first if the key is new) among those matching
+        ``only``."""
+        if not enabled():
+            cfg = self.default
+            if only and any(cfg.get(k) != v for k, v in only.items()):
+                cfg = next(c for c in self.configs
+                           if all(c.get(k) == v for k, v in only.items()))
+            return cfg
+        key = self.key_of(args, kwargs)
+        device = self._device(args, kwargs)
+        entry = self.lookup(key, device) or self.tune(args, kwargs, key, device)
+        cfg = self.best_of(entry, only)
+        if cfg is None:
+            raise ValueError(f"autotune: {self.name}: no config matches {only}")
+        return cfg
+
+    def run(self, args, kwargs, only=None):
+        """Call the function with the chosen config (see :meth:`config_for`)."""
+        return self.fn(*args, **kwargs, **self.config_for(args, kwargs, only))
+
+    def __call__(self, *args, **kwargs):
+        return self.run(args, kwargs)
+
+    def clear(self):
+        """Forget the tunings held in memory (the disk cache stays)."""
+        self._memory.clear()
+        self._loaded.clear()
+
+
+def autotune(configs, key, default=None, name=None, warmup=1, repeat=5, bucket=True):
+    """Decorator making an :class:`Autotuner` of a function.
+
+    Example::
+
+        @autotune(configs=[{"MC": 96, "KC": 256}, {"MC": 64, "KC": 128}],
+                  key=["m", "n", "k"])
+        def gemm_kernel(a, b, out, m, n, k, MC, KC): ...
+    """
+
+    def deco(fn):
+        return Autotuner(fn, configs, key, default=default, name=name, warmup=warmup,
+                         repeat=repeat, bucket=bucket)
+
+    return deco
+
+
+# ---------------------------------------------------------------------------
+# Pre-tuning: python -m nbops tune
+
+_TUNINGS = {}
+
+
+def register_tuning(name, run, describe):
+    """Register a pre-tuning job for ``python -m nbops tune``:
+    ``run(dtype, quick)`` tunes its shapes (for ``quick``, the small ones),
+    ``describe()`` returns a one-line description. GEMM registers
+    ``"gemm"``; conv and attention register theirs the same way."""
+    _TUNINGS[name] = (run, describe)
+
+
+def _known_tunings():
+    from . import linalg  # noqa: F401  (registers the GEMM shapes)
+
+    return _TUNINGS
+
+
+def tune_main(argv=None):
+    """``python -m nbops tune [--op NAME ...] [--dtype float32 ...] [--quick]
+    [--list] [--clear]``: pre-tune common shapes and print where the cache
+    is. Returns a process exit code."""
+    tunings = _known_tunings()
+    parser = argparse.ArgumentParser(prog="python -m nbops tune",
+                                     description="Pre-tune nbops kernels for this machine.")
+    parser.add_argument("--op", action="append", choices=sorted(tunings),
+                        help="operator family to tune (default: all)")
+    parser.add_argument("--dtype", action="append", choices=["float32", "float64"],
+                        help="dtype to tune (default: float32)")
+    parser.add_argument("--quick", action="store_true", help="only the small shapes")
+    parser.add_argument("--list", action="store_true", help="list the tuning jobs and exit")
+    parser.add_argument("--clear", action="store_true",
+                        help="delete this machine's cache file first")
+    ns = parser.parse_args(argv)
+    if ns.list:
+        for name, (_, describe) in sorted(tunings.items()):
+            print(f"{name}: {describe()}")
+        return 0
+    path = cache_path()
+    if ns.clear and os.path.exists(path):
+        os.remove(path)
+    if not enabled():
+        print("NBOPS_AUTOTUNE=0 is set: nothing to tune", file=sys.stderr)
+        return 1
+    for name in ns.op or sorted(tunings):
+        for dtype in ns.dtype or ["float32"]:
+            t0 = time.perf_counter()
+            tunings[name][0](dtype, ns.quick)
+            print(f"tuned {name} {dtype} in {time.perf_counter() - t0:.1f} s")
+    print(f"cache: {path}")
+    return 0
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``nbops.autotune(...)`` be the decorator while ``nbops.autotune``
+    stays this module (``nbops.autotune.tune_main``)."""
+
+    def __call__(self, *args, **kwargs):
+        return autotune(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

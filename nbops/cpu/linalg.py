@@ -1,0 +1,331 @@
+"""CPU kernels of matmul / bmm / linear: a packed, cache-blocked GEMM.
+
+The structure is the classic one (Goto; BLIS): for each NC-wide column panel
+of B and each KC-deep slice of k, the B panel is packed into NR-wide slivers
+(``bpack[jr, p, j]``), each MC-tall row block of A into MR-tall slivers
+(``apack[ir, p, i]``), and a register-tile micro-kernel multiplies one A
+sliver by one B sliver into an MR x NR tile of C. Packing reads A and B
+through element strides, so transposed, sliced and broadcast operands are
+consumed where they lie; partial slivers are zero-padded, so the
+micro-kernel always runs full tiles and edge tiles go through a small
+scratch tile.
+
+The micro-kernel is generated source: MR * NR scalar accumulators, all
+indices compile-time constants, so that the SLP vectorizer (switched on by
+``cpu_kernel``) turns each row of accumulators into a vector register and
+each ``acc += a * b`` (fastmath ``contract``, no ``reassoc``) into a
+broadcast FMA. ``tools/bench_gemm.py --asm`` prints the instruction mix.
+
+Operands arrive as flat buffers plus element strides and per-batch element
+offsets (``offa[b]``, ``offb[b]``): one compiled signature per dtype covers
+every stride pattern and NumPy's batch broadcasting. The output is the
+C-contiguous ``(batch, m, n)`` result seen flat.
+
+The epilogue (``+ bias``, then an activation of :mod:`nbops._formulas`
+chosen by its code in ``EPILOGUES``) runs on each MR x NR tile straight
+after the micro-kernel stored its last k slice, while the tile is in L1.
+The BLAS route (``gemm_blas``) calls NumPy's BLAS through ``np.dot`` on row
+blocks of about L2 size and applies the same epilogue to each block while
+it is in cache.
+
+Parallelism: ``gemm`` picks one of two drivers. ``_tiles`` (few large
+products) packs each B panel in parallel, then runs ``prange`` over
+(row block x column chunk) tasks, chunking columns when there are too few
+row blocks to feed every thread (linear layers with a small batch).
+``_batched`` (many small products) runs ``prange`` over the batch, one
+whole product per task.
+"""
+
+import numpy as np
+from numba import get_num_threads, prange
+from numba.extending import register_jitable
+
+from .. import _formulas
+from .._jit import cpu_kernel
+from . import activations as _activations  # noqa: F401  (makes the formulas jittable)
+
+__all__ = ["gemm", "gemm_blas", "epilogue_source", "EPILOGUES", "TILES"]
+
+#: Activation names the epilogue knows, in code order (code 0 is "none").
+EPILOGUES = ("none",) + _formulas.FORWARD
+
+#: Register tile (MR, NR) per dtype: 8 rows of one 512-bit vector of C.
+TILES = {np.dtype(np.float32): (8, 16), np.dtype(np.float64): (8, 8)}
+
+#: Tasks per thread the tile driver aims for (load balance vs. A re-packing).
+TASKS_PER_THREAD = 4
+
+
+def epilogue_source(fn_name="apply_epilogue"):
+    """Source of ``apply_epilogue(v, act, p, c)``: an if-chain over the
+    activation codes calling the formulas by name. The CUDA module compiles
+    the same source against its device functions."""
+    lines = [f"def {fn_name}(v, act, p, c):"]
+    for code, name in enumerate(EPILOGUES[1:], start=1):
+        lines.append(f"    {'if' if code == 1 else 'elif'} act == {code}:")
+        lines.append(f"        return {name}(v, p, c)")
+    lines.append("    return v")
+    return "\n".join(lines) + "\n"
+
+
+def generated(source, name, scope, filename=__file__):
+    """Execute generated ``source`` in ``scope`` and return function ``name``.
+
+    Compiled under a real file name so that Numba's on-disk cache can
+    locate it."""
+    scope.setdefault("__name__", __name__)  # the cache rebuilds globals from it
+    exec(compile(source, filename, "exec"), scope)
+    fn = scope[name]
+    fn.__qualname__ = name
+    return fn
+
+
+_apply_epilogue = register_jitable(
+    generated(epilogue_source(), "apply_epilogue", dict(vars(_formulas))))
+
+
+def _micro_source(mr, nr):
+    """Source of the MR x NR micro-kernel: ``C[tile] (+)= ap.T @ bp`` where
+    ``ap`` is (kc, MR) and ``bp`` is (kc, NR), both packed."""
+    name = f"micro_{mr}x{nr}"
+    acc = [[f"c{i}_{j}" for j in range(nr)] for i in range(mr)]
+    lines = [f"def {name}(kc, ap, bp, cbuf, coff, ldc, first, zero):"]
+    lines += [f"    {acc[i][j]} = zero" for i in range(mr) for j in range(nr)]
+    lines.append("    for p in range(kc):")
+    lines += [f"        a{i} = ap[p, {i}]" for i in range(mr)]
+    lines += [f"        b{j} = bp[p, {j}]" for j in range(nr)]
+    lines += [f"        {acc[i][j]} += a{i} * b{j}" for i in range(mr) for j in range(nr)]
+    # rows as slices: constant indices into them need no wraparound code,
+    # and the stores of a row merge into one vector store
+    for flag, op in (("first", "="), ("not first", "+=")):
+        lines.append(f"    if {flag}:")
+        for i in range(mr):
+            lines.append(f"        row = cbuf[coff + {i} * ldc:coff + {i} * ldc + {nr}]")
+            lines += [f"        row[{j}] {op} {acc[i][j]}" for j in range(nr)]
+    return name, "\n".join(lines) + "\n"
+
+
+@register_jitable
+def _pack_a(abuf, off, sam, sak, mc, kc, mr, apack, zero):
+    """apack[ir, p, i] = A[ir*mr + i, p] over the mc x kc block at ``off``;
+    rows past mc are zero."""
+    for ir in range((mc + mr - 1) // mr):
+        rows = min(mr, mc - ir * mr)
+        base = off + ir * mr * sam
+        for p in range(kc):
+            src = base + p * sak
+            for i in range(rows):
+                apack[ir, p, i] = abuf[src + i * sam]
+            for i in range(rows, mr):
+                apack[ir, p, i] = zero
+
+
+@register_jitable
+def _pack_b_sliver(bbuf, off, sbk, sbn, kc, cols, nr, sliver, zero):
+    """sliver[p, j] = B[p, j] for the kc x cols sliver at ``off``; columns
+    past ``cols`` are zero."""
+    for p in range(kc):
+        src = off + p * sbk
+        for j in range(cols):
+            sliver[p, j] = bbuf[src + j * sbn]
+        for j in range(cols, nr):
+            sliver[p, j] = zero
+
+
+@register_jitable
+def _epilogue_tile(outf, coff, ldc, rows, cols, bias, bcol, act, prm, cst):
+    has_bias = bias.size > 0
+    for i in range(rows):
+        r = coff + i * ldc
+        for j in range(cols):
+            v = outf[r + j]
+            if has_bias:
+                v += bias[bcol + j]
+            outf[r + j] = _apply_epilogue(v, act, prm, cst)
+
+
+def _make_drivers(mr, nr):
+    """The two parallel GEMM drivers around the MR x NR micro-kernel."""
+    name, src = _micro_source(mr, nr)
+    micro = cpu_kernel(generated(src, name, {}))
+
+    def macro(abuf, a_off, sam, sak, bpack, jr0, jr1, nc, outf, c_off, ldc, mc, kc,
+              first, last, apack, scratch, bias, bcol, act, prm, cst):
+        # C[mc x nc block] (+)= A[mc x kc] @ Bpanel[kc x slivers jr0..jr1)
+        zero = cst.zero
+        _pack_a(abuf, a_off, sam, sak, mc, kc, mr, apack, zero)
+        epilogue = last and (act != 0 or bias.size > 0)
+        for jr in range(jr0, jr1):
+            cols = min(nr, nc - jr * nr)
+            for ir in range((mc + mr - 1) // mr):
+                rows = min(mr, mc - ir * mr)
+                coff = c_off + ir * mr * ldc + jr * nr
+                if rows == mr and cols == nr:
+                    micro(kc, apack[ir], bpack[jr], outf, coff, ldc, first, zero)
+                else:
+                    micro(kc, apack[ir], bpack[jr], scratch, 0, nr, True, zero)
+                    for i in range(rows):
+                        for j in range(cols):
+                            if first:
+                                outf[coff + i * ldc + j] = scratch[i * nr + j]
+                            else:
+                                outf[coff + i * ldc + j] += scratch[i * nr + j]
+                if epilogue:
+                    _epilogue_tile(outf, coff, ldc, rows, cols, bias, bcol + jr * nr,
+                                   act, prm, cst)
+
+    macro = register_jitable(macro)
+
+    def fill(outf, c_off, m, n, bias, act, prm, cst):
+        # k == 0: C = act(0 + bias)
+        for i in range(m):
+            for j in range(n):
+                outf[c_off + i * n + j] = cst.zero
+        _epilogue_tile(outf, c_off, n, m, n, bias, 0, act, prm, cst)
+
+    fill = register_jitable(fill)
+
+    def tiles(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, outf, nbatch, m, n, k,
+              bias, act, prm, cst, MC, KC, NC, nthreads):
+        zero = cst.zero
+        bpack = np.empty(((min(NC, n) + nr - 1) // nr, KC, nr), outf.dtype)
+        nmc = (m + MC - 1) // MC
+        for bi in range(nbatch):
+            c0 = bi * m * n
+            if k == 0:
+                fill(outf, c0, m, n, bias, act, prm, cst)
+                continue
+            for jc in range(0, n, NC):
+                nc = min(NC, n - jc)
+                nnr = (nc + nr - 1) // nr
+                for pc in range(0, k, KC):
+                    kc = min(KC, k - pc)
+                    b_off = offb[bi] + pc * sbk + jc * sbn
+                    for jr in prange(nnr):
+                        _pack_b_sliver(bbuf, b_off + jr * nr * sbn, sbk, sbn, kc,
+                                       min(nr, nc - jr * nr), nr, bpack[jr], zero)
+                    # chunk columns when row blocks alone cannot feed the threads
+                    nj = max(1, min(nnr, (TASKS_PER_THREAD * nthreads + nmc - 1)
+                                    // nmc))
+                    per = (nnr + nj - 1) // nj
+                    for t in prange(nmc * nj):
+                        ic = (t // nj) * MC
+                        jr0 = (t % nj) * per
+                        jr1 = min(nnr, jr0 + per)
+                        if jr0 < jr1:
+                            apack = np.empty(((MC + mr - 1) // mr, KC, mr), outf.dtype)
+                            scratch = np.empty(mr * nr, outf.dtype)
+                            macro(abuf, offa[bi] + ic * sam + pc * sak, sam, sak, bpack,
+                                  jr0, jr1, nc, outf, c0 + ic * n + jc, n, min(MC, m - ic),
+                                  kc, pc == 0, pc + kc == k, apack, scratch, bias, jc,
+                                  act, prm, cst)
+
+    def batched(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, outf, nbatch, m, n, k,
+                bias, act, prm, cst, MC, KC, NC, nthreads):
+        for bi in prange(nbatch):
+            c0 = bi * m * n
+            if k == 0:
+                fill(outf, c0, m, n, bias, act, prm, cst)
+                continue
+            bpack = np.empty(((min(NC, n) + nr - 1) // nr, KC, nr), outf.dtype)
+            apack = np.empty(((MC + mr - 1) // mr, KC, mr), outf.dtype)
+            scratch = np.empty(mr * nr, outf.dtype)
+            for jc in range(0, n, NC):
+                nc = min(NC, n - jc)
+                nnr = (nc + nr - 1) // nr
+                for pc in range(0, k, KC):
+                    kc = min(KC, k - pc)
+                    b_off = offb[bi] + pc * sbk + jc * sbn
+                    for jr in range(nnr):
+                        _pack_b_sliver(bbuf, b_off + jr * nr * sbn, sbk, sbn, kc,
+                                       min(nr, nc - jr * nr), nr, bpack[jr], cst.zero)
+                    for ic in range(0, m, MC):
+                        macro(abuf, offa[bi] + ic * sam + pc * sak, sam, sak, bpack,
+                              0, nnr, nc, outf, c0 + ic * n + jc, n, min(MC, m - ic),
+                              kc, pc == 0, pc + kc == k, apack, scratch, bias, jc,
+                              act, prm, cst)
+
+    # a unique qualname per tile gives each driver its own on-disk cache entry
+    out = []
+    for fn in (tiles, batched):
+        fn.__name__ = fn.__qualname__ = f"gemm_{fn.__name__}_{mr}x{nr}"
+        out.append(cpu_kernel(fn, parallel=True))
+    return tuple(out) + (micro,)
+
+
+_DRIVERS = {}
+
+
+def drivers(dtype):
+    """``(tiles, batched, micro)``: the two parallel drivers and the
+    micro-kernel for ``dtype``, built on first use."""
+    d = _DRIVERS.get(dtype)
+    if d is None:
+        d = _DRIVERS[dtype] = _make_drivers(*TILES[dtype])
+    return d
+
+
+def gemm(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act, prm, cst,
+         MC=64, KC=256, NC=2048):
+    """``out[b] = epilogue(A_b @ B_b + bias)`` for every batch index b.
+
+    ``abuf``/``bbuf`` are flat buffers of one dtype, A_b the m x k matrix at
+    element ``offa[b]`` with strides (sam, sak), B_b the k x n matrix at
+    ``offb[b]`` with strides (sbk, sbn); ``out`` is C-contiguous
+    (batch, m, n); ``bias`` has n elements or none; ``act`` is an index
+    into ``EPILOGUES``; ``prm``/``cst`` the activation's typed parameters
+    and constants. MC, KC, NC are the cache blocking sizes.
+    """
+    nbatch = out.shape[0]
+    if out.size == 0:
+        return out
+    tiles, batched, _ = drivers(out.dtype)
+    # get_num_threads() is read here: inside a kernel it would make it uncacheable
+    threads = get_num_threads()
+    many = nbatch >= TASKS_PER_THREAD * threads or (nbatch >= threads and m <= MC)
+    run = batched if many else tiles
+    run(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out.reshape(-1), nbatch, m, n, k,
+        bias, act, prm, cst, int(MC), int(KC), int(NC), threads)
+    return out
+
+
+@cpu_kernel
+def _blas_block(a, b, c, bias, act, prm, cst, rows):
+    # BLAS on row blocks, each finished by the epilogue while in cache
+    m = a.shape[0]
+    n = c.shape[1]
+    cflat = c.reshape(-1)
+    for r0 in range(0, m, rows):
+        r1 = min(m, r0 + rows)
+        np.dot(a[r0:r1], b, c[r0:r1])
+        _epilogue_tile(cflat, r0 * n, n, r1 - r0, n, bias, 0, act, prm, cst)
+
+
+#: Bytes of C one BLAS row block spans (about half an L2).
+BLAS_BLOCK_BYTES = 512 * 1024
+
+
+def _matrix(buf, off, rows, cols, srow, scol):
+    """A NumPy 2-D view of ``buf`` at element ``off``, made C- or
+    F-contiguous (BLAS needs one of them) by a copy only if it is neither."""
+    it = buf.itemsize
+    x = np.lib.stride_tricks.as_strided(buf[off:], (rows, cols), (srow * it, scol * it))
+    if x.flags.c_contiguous or x.flags.f_contiguous:
+        return x
+    return np.ascontiguousarray(x)
+
+
+def gemm_blas(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act, prm, cst):
+    """:func:`gemm` through the BLAS that NumPy ships (``np.dot`` in a kernel),
+    with the epilogue fused on row blocks of about ``BLAS_BLOCK_BYTES``.
+    Operands that are neither C- nor F-contiguous are copied first."""
+    if out.size == 0:
+        return out
+    rows = max(1, BLAS_BLOCK_BYTES // max(1, n * out.itemsize))
+    if act == 0 and bias.size == 0:
+        rows = m
+    for i in range(out.shape[0]):
+        a = _matrix(abuf, offa[i], m, k, sam, sak)
+        b = _matrix(bbuf, offb[i], k, n, sbk, sbn)
+        _blas_block(a, b, out[i], bias, act, prm, cst, rows if a.flags.c_contiguous else m)
+    return out

@@ -1,0 +1,494 @@
+"""Dense linear algebra: ``matmul``, ``bmm`` and ``linear``, on CPU and CUDA.
+
+All three reach one GEMM kernel per device, ``out[b] = act(A_b @ B_b + bias)``:
+on the CPU a packed, cache-blocked kernel with a register-tile micro-kernel
+(``nbops/cpu/linalg.py``), or NumPy's BLAS where the autotuner measured it
+faster; on CUDA a shared-memory tiled kernel with a register tile per
+thread (``nbops/cuda/linalg.py``). Operands are passed to the kernels as
+their memory plus element strides and per-batch offsets, so transposed,
+sliced and broadcast operands are read in place by the packing step, never
+copied first (the BLAS route copies an operand that is neither C- nor
+F-contiguous, since BLAS needs one of those).
+
+Dtypes: float32 and float64, never mixed (``float32 @ float64`` is a
+``TypeError`` naming both; cast explicitly). Accumulation is in the
+operands' dtype, as BLAS does. The CPU block sizes come from
+:mod:`nbops.autotune` (``NBOPS_AUTOTUNE=0``: the default config
+``DEFAULT_CONFIG``). Backward rules are attached for autograd.
+"""
+
+import numpy as np
+
+from . import _checks, _dispatch, _formulas, _layout
+from . import autotune as _autotune
+from ._dispatch import CPU, CUDA, operator
+
+__all__ = ["matmul", "bmm", "linear", "ACTIVATIONS", "DEFAULT_CONFIG", "GEMM_CONFIGS"]
+
+_dispatch.register_kernel("gemm", CPU, "nbops.cpu.linalg:gemm")
+_dispatch.register_kernel("gemm_blas", CPU, "nbops.cpu.linalg:gemm_blas")
+_dispatch.register_kernel("gemm", CUDA, "nbops.cuda.linalg:gemm")
+
+#: Epilogue activations of :func:`linear`, in the kernels' code order
+#: (``nbops.cpu.linalg.EPILOGUES`` without "none"), with the default
+#: parameters used when the activation is given by name alone.
+ACTIVATIONS = {name: () for name in _formulas.FORWARD}
+ACTIVATIONS.update(leaky_relu=(0.01,), swish=(1.0,), softplus=(1.0, 20.0), elu=(1.0,))
+_ACT_CODES = {name: i + 1 for i, name in enumerate(_formulas.FORWARD)}
+
+IMPLS = ("auto", "nbops", "blas")
+
+#: The CPU config used when tuning is off (``NBOPS_AUTOTUNE=0``): nbops'
+#: own kernel, MC x KC panels of A (64 x 256: 64 KiB of float32 in L2),
+#: KC x NC panels of B (256 x 2048: 2 MiB, in L3).
+DEFAULT_CONFIG = {"impl": "nbops", "MC": 64, "KC": 256, "NC": 2048}
+
+#: Candidates the autotuner times on the CPU: block sizes of nbops' kernel
+#: around the default, and NumPy's BLAS.
+GEMM_CONFIGS = [
+    DEFAULT_CONFIG,
+    {"impl": "nbops", "MC": 96, "KC": 256, "NC": 2048},
+    {"impl": "nbops", "MC": 128, "KC": 256, "NC": 4096},
+    {"impl": "nbops", "MC": 64, "KC": 384, "NC": 1024},
+    {"impl": "nbops", "MC": 48, "KC": 512, "NC": 1024},
+    {"impl": "nbops", "MC": 128, "KC": 128, "NC": 4096},
+    {"impl": "blas", "MC": 0, "KC": 0, "NC": 0},
+]
+
+
+@_autotune.autotune(configs=GEMM_CONFIGS, key=["m", "n", "k", "batch"],
+                    default=DEFAULT_CONFIG, name="nbops.gemm")
+def _cpu_gemm(args, m, n, k, batch, impl, MC, KC, NC):
+    if impl == "blas":
+        return _dispatch.kernel("gemm_blas", CPU)(*args)
+    return _dispatch.kernel("gemm", CPU)(*args, MC=MC, KC=KC, NC=NC)
+
+
+# ---------------------------------------------------------------------------
+# Operand preparation (no data moves: views, strides, offsets)
+
+
+def _shp(x):
+    # device arrays' shapes may not be tuples (the simulator's reject x.shape[-1])
+    return tuple(x.shape)
+
+
+def _std(x):
+    return tuple(x.strides)
+
+
+def _view(x, shape, strides):
+    """``x``'s memory as a view of the given shape and byte strides."""
+    return _layout.strided_view(x, tuple(shape), tuple(strides), 0)
+
+
+def _elem_strides(op, name, x):
+    strides = tuple(x.strides)
+    if any(s % x.itemsize for s in strides):
+        raise ValueError(f"{op}: argument '{name}' has strides {strides} that are not "
+                         f"multiples of its item size {x.itemsize}")
+    return [s // x.itemsize for s in strides]
+
+
+def _operand(op, name, x, batch_shape):
+    """``(buffer, offsets, row_stride, col_stride)`` of the matrix stack ``x``
+    (shape ``(..., r, c)``) broadcast over ``batch_shape``: a flat view of
+    the memory ``x`` spans and each batch matrix's element offset in it."""
+    st = _elem_strides(op, name, x)
+    shape = tuple(x.shape)
+    lo = sum(s * (d - 1) for s, d in zip(st, shape) if s < 0 and d > 0)
+    hi = sum(s * (d - 1) for s, d in zip(st, shape) if s > 0 and d > 0)
+    span = hi - lo + 1 if x.size else 0
+    buf = _layout.strided_view(x, (span,), (x.itemsize,), lo * x.itemsize)
+    lead = shape[:-2]
+    own = np.tensordot(np.indices(lead, dtype=np.int64), np.asarray(st[:-2], np.int64),
+                       axes=(0, 0)) if lead else np.zeros((), np.int64)
+    offsets = np.ascontiguousarray(np.broadcast_to(own - lo, batch_shape).reshape(-1))
+    return buf, offsets, st[-2], st[-1]
+
+
+def _rows(x):
+    """``x`` (..., c) as a 2-D (rows, c) view when its leading axes merge into
+    one stride, else None."""
+    if x.ndim == 2:
+        return x
+    cshape, (cst,) = _layout.collapse(tuple(_shp(x)[:-1]) or (1,), tuple(_std(x)[:-1]) or (0,))
+    if len(cshape) != 1:
+        return None
+    return _view(x, (int(np.prod(_shp(x)[:-1])), _shp(x)[-1]), (cst[0], _std(x)[-1]))
+
+
+def _swap(x):
+    """Transposed view of the last two axes (no copy, either device)."""
+    st = list(x.strides)
+    shape = list(x.shape)
+    st[-1], st[-2] = st[-2], st[-1]
+    shape[-1], shape[-2] = shape[-2], shape[-1]
+    return x.swapaxes(-1, -2) if isinstance(x, np.ndarray) else _view(x, shape, st)
+
+
+def _with_unit_axis(x, axis):
+    """View of ``x`` with a length-1 axis inserted at ``axis`` (0 or -1)."""
+    shape, st = list(x.shape), list(x.strides)
+    if axis == 0:
+        return _view(x, [1] + shape, [0] + st)
+    return _view(x, shape + [1], st + [0])
+
+
+def _epilogue(op, activation, dtype):
+    """``(code, params)`` of an activation given as None, a name, or a tuple
+    ``(name, *params)``."""
+    if activation is None:
+        return 0, _formulas.params(dtype)
+    name, params = activation, None
+    if isinstance(activation, tuple) and activation and isinstance(activation[0], str):
+        name, params = activation[0], activation[1:]
+    if not isinstance(name, str) or name not in ACTIVATIONS:
+        raise ValueError(f"{op}: argument 'activation' must be None, one of "
+                         f"{', '.join(repr(a) for a in ACTIVATIONS)} or a tuple "
+                         f"(name, *params), got {activation!r}")
+    defaults = ACTIVATIONS[name]
+    if params is None or not params:
+        params = defaults
+    if len(params) != len(defaults):
+        raise ValueError(f"{op}: activation {name!r} takes {len(defaults)} parameter(s), "
+                         f"got {len(params)}")
+    values = [_checks.scalar(op, f"activation[{i + 1}]", v) for i, v in enumerate(params)]
+    if name == "softplus" and values[0] <= 0:
+        raise ValueError(f"{op}: softplus beta must be > 0, got {values[0]}")
+    if name in ("leaky_relu", "elu") and values[0] < 0:
+        raise ValueError(f"{op}: {name} parameter must be >= 0, got {values[0]}")
+    return _ACT_CODES[name], _formulas.params(dtype, *values)
+
+
+def _gemm(op, dev, a, b, out3, bias, act, prm, impl):
+    """Run ``out3 = act(a @ b + bias)``: ``a`` (..., m, k) and ``b`` (..., k, n)
+    broadcast over ``out3``'s batch (its first axis, flattened from
+    ``batch_shape``)."""
+    batch_shape = tuple(np.broadcast_shapes(tuple(_shp(a)[:-2]), tuple(_shp(b)[:-2])))
+    m, k = _shp(a)[-2], _shp(a)[-1]
+    n = _shp(b)[-1]
+    abuf, offa, sam, sak = _operand(op, "a", a, batch_shape)
+    bbuf, offb, sbk, sbn = _operand(op, "b", b, batch_shape)
+    if bias is None:
+        bias = _checks.empty((0,), a.dtype, dev)
+    args = (abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out3, m, n, k, bias, act, prm,
+            _formulas.consts(a.dtype))
+    if dev == CUDA:
+        if impl == "blas":
+            raise ValueError(f"{op}: impl='blas' runs on the CPU only; use 'auto' or "
+                             "'nbops' for device arrays")
+        return _dispatch.kernel("gemm", CUDA)(*args)
+    only = None if impl == "auto" else {"impl": impl}
+    return _cpu_gemm.run((args,), dict(m=m, n=n, k=k, batch=_shp(out3)[0]), only=only)
+
+
+def _flat_out(op, out, shape, dtype, dev, inputs):
+    out = _checks.output(op, out, shape, dtype, dev, inputs)
+    m, n = (shape[-2], shape[-1]) if len(shape) >= 2 else (1, shape[-1] if shape else 1)
+    batch = int(np.prod(shape[:-2])) if len(shape) > 2 else 1
+    return out, (batch, m, n)
+
+
+def _check_pair(op, a, b, out, impl):
+    _checks.array(op, "a", a)
+    _checks.array(op, "b", b)
+    _checks.same_dtype(op, a=a, b=b)
+    _checks.choice(op, "impl", impl, IMPLS)
+    return _dispatch.resolve_device(op, a=a, b=b, out=out)
+
+
+# ---------------------------------------------------------------------------
+# Public operators
+
+
+@operator("matmul")
+def matmul(a, b, out=None, impl="auto"):
+    """Matrix product with NumPy's ``matmul`` semantics.
+
+    Parameters
+    ----------
+    a, b : arrays, float32 or float64 (the same), on one device
+        ``a`` (..., m, k) and ``b`` (..., k, n); the leading (batch) axes
+        broadcast as in NumPy. A 1-D ``a`` is a row vector (k,), a 1-D
+        ``b`` a column vector (k,); their unit axis is removed from the
+        result. Any strides (transposes, slices, broadcast views) are read
+        in place.
+    out : array, optional
+        C-contiguous array of the result's shape, dtype and device, not
+        overlapping ``a`` or ``b``.
+    impl : {"auto", "nbops", "blas"}
+        CPU route: the autotuner's choice, nbops' own kernel, or NumPy's
+        BLAS (CPU only). Ignored for device arrays except that "blas" is
+        an error there.
+
+    Returns
+    -------
+    array of shape ``broadcast(_shp(a)[:-2], _shp(b)[:-2]) + (m, n)`` (unit
+    axes of 1-D operands removed), on the operands' device.
+
+    Raises
+    ------
+    TypeError
+        Non-float arrays, ``a`` and ``b`` of different dtypes, mixed
+        devices, ``out`` of the wrong dtype or device.
+    ValueError
+        0-d operands, inner dimensions that differ, batch axes that do not
+        broadcast, a bad ``out`` or ``impl``.
+
+    Example
+    -------
+    >>> a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    >>> nbops.matmul(a, a.T)
+    array([[ 5., 14.],
+           [14., 50.]], dtype=float32)
+    """
+    op = "matmul"
+    dev = _check_pair(op, a, b, out, impl)
+    for name, x in (("a", a), ("b", b)):
+        if x.ndim == 0:
+            raise ValueError(f"{op}: argument '{name}' must have at least 1 dimension, "
+                             "got a 0-d array (use multiplication for scalars)")
+    a2 = _with_unit_axis(a, 0) if a.ndim == 1 else a
+    b2 = _with_unit_axis(b, -1) if b.ndim == 1 else b
+    if _shp(a2)[-1] != _shp(b2)[-2]:
+        raise ValueError(f"{op}: inner dimensions differ: 'a' has shape {tuple(a.shape)} "
+                         f"(k={_shp(a2)[-1]}) but 'b' has shape {tuple(b.shape)} "
+                         f"(k={_shp(b2)[-2]})")
+    try:
+        batch = tuple(np.broadcast_shapes(tuple(_shp(a2)[:-2]), tuple(_shp(b2)[:-2])))
+    except ValueError:
+        raise ValueError(f"{op}: batch axes of 'a' {tuple(_shp(a)[:-2])} and 'b' "
+                         f"{tuple(_shp(b)[:-2])} do not broadcast") from None
+    m, n = _shp(a2)[-2], _shp(b2)[-1]
+    shape = batch + ((m,) if a.ndim > 1 else ()) + ((n,) if b.ndim > 1 else ())
+    out = _checks.output(op, out, shape, a.dtype, dev, {"a": a, "b": b})
+    nb = int(np.prod(batch)) if batch else 1
+    out3 = _view(out, (nb, m, n), (m * n * out.itemsize, n * out.itemsize, out.itemsize))
+    _gemm(op, dev, a2, b2, out3, None, 0, _formulas.params(a.dtype), impl)
+    return out
+
+
+@operator("bmm")
+def bmm(a, b, out=None, impl="auto"):
+    """Batched matrix product of two stacks of one batch size (no broadcasting,
+    as ``torch.bmm``).
+
+    ``a`` (batch, m, k) and ``b`` (batch, k, n), float32 or float64 (the
+    same), any strides, one device; returns (batch, m, n) (or writes
+    ``out``). ``impl`` as :func:`matmul`. Raises ``ValueError`` unless both
+    are 3-D with equal batch sizes and matching inner dimensions, and
+    ``TypeError`` as :func:`matmul`.
+
+    Example
+    -------
+    >>> x = np.ones((4, 2, 3), np.float32)
+    >>> nbops.bmm(x, x.transpose(0, 2, 1)).shape
+    (4, 2, 2)
+    """
+    op = "bmm"
+    dev = _check_pair(op, a, b, out, impl)
+    if a.ndim != 3 or b.ndim != 3:
+        raise ValueError(f"{op}: 'a' and 'b' must be 3-D (batch, rows, cols), got shapes "
+                         f"{tuple(a.shape)} and {tuple(b.shape)}")
+    if _shp(a)[0] != _shp(b)[0]:
+        raise ValueError(f"{op}: batch sizes differ: 'a' has {_shp(a)[0]}, 'b' has "
+                         f"{_shp(b)[0]} (use matmul to broadcast)")
+    if _shp(a)[2] != _shp(b)[1]:
+        raise ValueError(f"{op}: inner dimensions differ: 'a' has shape {tuple(a.shape)} "
+                         f"but 'b' has shape {tuple(b.shape)}")
+    out = _checks.output(op, out, (_shp(a)[0], _shp(a)[1], _shp(b)[2]), a.dtype, dev,
+                         {"a": a, "b": b})
+    _gemm(op, dev, a, b, out, None, 0, _formulas.params(a.dtype), impl)
+    return out
+
+
+@operator("linear")
+def linear(x, weight, bias=None, activation=None, out=None, impl="auto"):
+    """Fully connected layer ``activation(x @ weight.T + bias)``, fused.
+
+    Parameters
+    ----------
+    x : array (..., in_features), float32 or float64, any strides
+    weight : array (out_features, in_features), same dtype and device
+        Read in place through its strides (no transposed copy is made).
+    bias : array (out_features,), optional
+    activation : None, str or tuple
+        An activation applied by the GEMM's epilogue on each output tile
+        while it is in cache: one of ``ACTIVATIONS`` ("relu",
+        "leaky_relu", "sigmoid", "tanh", "gelu", "gelu_tanh", "silu",
+        "swish", "softplus", "elu", "hardswish"), with PyTorch's default
+        parameters, or ``(name, *params)`` such as ``("leaky_relu", 0.2)``.
+    out : array (..., out_features), optional
+        C-contiguous, the result's dtype and device, no overlap with inputs.
+    impl : {"auto", "nbops", "blas"}
+        As :func:`matmul`.
+
+    Returns
+    -------
+    array (..., out_features) on the inputs' device.
+
+    Raises
+    ------
+    TypeError
+        Non-float arrays, mixed dtypes or devices, bad ``out`` dtype.
+    ValueError
+        ``x`` 0-d, ``weight`` not 2-D, in_features mismatch, ``bias`` not
+        of shape (out_features,), unknown activation or bad parameters,
+        bad ``out`` or ``impl``.
+
+    Example
+    -------
+    >>> x = np.ones((2, 3), np.float32); w = np.ones((4, 3), np.float32)
+    >>> nbops.linear(x, w, np.full(4, -4, np.float32), activation="relu")
+    array([[0., 0., 0., 0.],
+           [0., 0., 0., 0.]], dtype=float32)
+    """
+    op = "linear"
+    _checks.array(op, "x", x)
+    _checks.array(op, "weight", weight)
+    if bias is not None:
+        _checks.array(op, "bias", bias)
+    _checks.same_dtype(op, x=x, weight=weight, bias=bias)
+    _checks.choice(op, "impl", impl, IMPLS)
+    dev = _dispatch.resolve_device(op, x=x, weight=weight, bias=bias, out=out)
+    if x.ndim == 0:
+        raise ValueError(f"{op}: argument 'x' must have at least 1 dimension, got a 0-d array")
+    if weight.ndim != 2:
+        raise ValueError(f"{op}: argument 'weight' must be 2-D (out_features, in_features), "
+                         f"got shape {tuple(weight.shape)}")
+    if _shp(x)[-1] != _shp(weight)[1]:
+        raise ValueError(f"{op}: 'x' has {_shp(x)[-1]} features (shape {tuple(x.shape)}) but "
+                         f"'weight' expects {_shp(weight)[1]} (shape {tuple(weight.shape)})")
+    n = _shp(weight)[0]
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise ValueError(f"{op}: argument 'bias' must have shape ({n},) to match 'weight' "
+                         f"{tuple(weight.shape)}, got {tuple(bias.shape)}")
+    act, prm = _epilogue(op, activation, x.dtype)
+    shape = tuple(_shp(x)[:-1]) + (n,)
+    out = _checks.output(op, out, shape, x.dtype, dev, {"x": x, "weight": weight, "bias": bias})
+    if bias is not None and not _layout.is_c_contiguous(bias):
+        raise ValueError(f"{op}: argument 'bias' must be contiguous, got strides "
+                         f"{tuple(bias.strides)}")
+    rows = _rows(x)
+    a = rows if rows is not None else (x if x.ndim > 1 else _with_unit_axis(x, 0))
+    m = _shp(a)[-2]
+    nb = int(np.prod(_shp(a)[:-2])) if a.ndim > 2 else 1
+    out3 = _view(out, (nb, m, n), (m * n * out.itemsize, n * out.itemsize, out.itemsize))
+    _gemm(op, dev, a, _swap(weight), out3, bias, act, prm, impl)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Backward rules (autograd): one gradient per forward parameter
+
+
+def _sum_to(x, shape):
+    """Sum the broadcast axes of ``x`` away so that it has ``shape``. On
+    CUDA the (rare) reduction over broadcast batch axes runs on the host."""
+    if tuple(x.shape) == tuple(shape):
+        return x
+    on_device = not isinstance(x, np.ndarray)
+    h = _dispatch.to_host(x)
+    lead = h.ndim - len(shape)
+    h = h.sum(axis=tuple(range(lead))) if lead else h
+    axes = tuple(i for i, (s, t) in enumerate(zip(h.shape, shape)) if t == 1 and s != 1)
+    h = np.ascontiguousarray(h.sum(axis=axes, keepdims=True) if axes else h)
+    return _dispatch.to_device(h) if on_device else h
+
+
+def _reshape(x, shape):
+    if isinstance(x, np.ndarray):
+        return x.reshape(shape)
+    return _dispatch.ensure_cuda().as_cuda_array(x).reshape(shape) \
+        if not hasattr(x, "reshape") else x.reshape(shape)
+
+
+def _matmul_rule(ctx, grad):
+    a, b = ctx.inputs[0], ctx.inputs[1]
+    a2 = _with_unit_axis(a, 0) if a.ndim == 1 else a
+    b2 = _with_unit_axis(b, -1) if b.ndim == 1 else b
+    batch = tuple(np.broadcast_shapes(tuple(_shp(a2)[:-2]), tuple(_shp(b2)[:-2])))
+    g = _reshape(grad, batch + (_shp(a2)[-2], _shp(b2)[-1]))
+    ga = gb = None
+    if b2.ndim == 2 and _rows(a2) is not None and batch:
+        # weight-like b: one GEMM over all rows instead of a batch sum
+        gb = matmul(_swap(_rows(a2)), _rows(g))
+    if gb is None:
+        gb = _sum_to(matmul(_swap(a2), g), b2.shape)
+    ga = _sum_to(matmul(g, _swap(b2)), a2.shape)
+    return _reshape(ga, a.shape), _reshape(gb, b.shape), None, None
+
+
+def _column_sums(g2):
+    if isinstance(g2, np.ndarray):
+        return g2.sum(axis=0)
+    ones = _dispatch.to_device(np.ones(_shp(g2)[0], g2.dtype))
+    return matmul(ones, g2)
+
+
+def _act_grad(activation, grad, x, weight, bias, y):
+    """Gradient with respect to the activation's input (pre-activation z)."""
+    from . import activations as acts
+
+    name = activation if isinstance(activation, str) else activation[0]
+    params = tuple(activation[1:]) if isinstance(activation, tuple) else ()
+    params = params or ACTIVATIONS[name]
+    if name in ("relu", "leaky_relu", "sigmoid", "tanh"):
+        # these derivatives are functions of the output (y > 0 iff z > 0)
+        return getattr(acts, name + "_backward")(grad, y, *params)
+    z = linear(x, weight, bias)  # recomputed: the fused forward never stored it
+    if name == "gelu_tanh":
+        return acts.gelu_backward(grad, z, approximate="tanh")
+    if name == "swish":
+        return acts.swish_backward(grad, z, *params)[0]
+    return getattr(acts, name + "_backward")(grad, z, *params)
+
+
+def _linear_rule(ctx, grad):
+    x, weight, bias, activation = ctx.inputs[:4]
+    gz = grad if activation is None else _act_grad(activation, grad, x, weight, bias,
+                                                   ctx.output)
+    gx = matmul(gz, weight)
+    if _shp(gx) != _shp(x):
+        gx = _reshape(gx, x.shape)
+    x2 = _rows(x)
+    x2 = x2 if x2 is not None else _reshape(np.ascontiguousarray(x) if isinstance(x, np.ndarray)
+                                            else x, (-1, _shp(x)[-1]))
+    gz2 = _reshape(gz, (-1, _shp(gz)[-1])) if gz.ndim != 2 else gz
+    gw = matmul(_swap(gz2), x2)
+    gb = None if bias is None else _column_sums(gz2)
+    return gx, gw, gb, None, None, None
+
+
+matmul.backward = _matmul_rule
+bmm.backward = lambda ctx, grad: _matmul_rule(ctx, grad)[:2] + (None, None)
+linear.backward = _linear_rule
+
+
+# ---------------------------------------------------------------------------
+# Pre-tuning shapes for ``python -m nbops tune``
+
+#: (batch, m, n, k) shapes tuned by ``python -m nbops tune``; the first
+#: group also with ``--quick``.
+TUNE_SHAPES = (
+    [(1, 64, 64, 64), (1, 128, 128, 128), (1, 256, 256, 256), (4096, 32, 32, 32),
+     (512, 64, 64, 64)],
+    [(1, 512, 512, 512), (1, 1024, 1024, 1024), (1, 2048, 2048, 2048),
+     (1, 64, 4096, 4096), (1, 256, 4096, 4096), (1, 64, 1024, 4096), (1, 256, 1024, 4096)],
+)
+
+
+def _tune_gemm(dtype, quick):
+    rng = np.random.default_rng(0)
+    shapes = TUNE_SHAPES[0] + ([] if quick else TUNE_SHAPES[1])
+    for batch, m, n, k in shapes:
+        lead = (batch,) if batch > 1 else ()
+        a = rng.standard_normal(lead + (m, k)).astype(dtype)
+        b = rng.standard_normal(lead + (k, n)).astype(dtype)
+        matmul(a, b)
+
+
+_autotune.register_tuning(
+    "gemm", _tune_gemm,
+    lambda: f"matmul/linear block sizes and BLAS routing, {sum(map(len, TUNE_SHAPES))} shapes")
