@@ -30,6 +30,7 @@ from .linalg import bmm, linear, matmul  # noqa: F401,E402
 from . import autotune  # noqa: F401,E402  (callable module: nbops.autotune(...))
 from .tensor import *  # noqa: F401,F403
 from .tensor import __all__ as _tensor_all
+from .fusion import fuse  # noqa: F401
 from .arith import (  # noqa: F401
     add, sub, mul, div, pow, neg, exp, log, sum, mean, expand, sum_to,
 )
@@ -42,6 +43,7 @@ __all__ = [
     *_activations_all,
     "matmul", "bmm", "linear", "autotune",
     *_tensor_all,
+    "fuse",
     "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sum", "mean", "expand", "sum_to",
     "Tensor", "no_grad", "enable_grad", "autograd",
 ]

@@ -225,6 +225,13 @@ def _has_tensor(args, kwargs):
 
 
 def _hooked_call(op, args, kwargs):
+    # An argument whose type defines __nbops_function__ (and sets
+    # __nbops_tensor__ to get here) takes over the call, as NumPy's
+    # __array_function__: nbops.fuse traces expressions this way.
+    for a in (*args, *kwargs.values()):
+        handler = getattr(type(a), "__nbops_function__", None)
+        if handler is not None:
+            return handler(a, op, args, kwargs)
     if _has_tensor(args, kwargs):
         from . import autograd
 
