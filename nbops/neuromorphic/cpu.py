@@ -1,0 +1,321 @@
+"""CPU kernels of the spiking neurons, generated from :mod:`.lif`'s equations.
+
+Memory order (see PERF_NOTES): the neurons are cut into chunks, one ``prange``
+iteration per chunk; each chunk runs its whole time loop with the neuron loop
+innermost, unit stride, so that the state stays in L1, every input row of
+the chunk is read once and every spike row written once, and LLVM vectorizes
+the step. ``forward_time_outer`` is the other order (time outermost, a
+parallel sweep over all neurons per step), kept for the benchmark that
+compares them.
+
+Backward through time recomputes the chunk's forward pass into chunk-local
+buffers (``[T, chunk]``, sized to stay in L2) and then walks it in reverse:
+it reads the inputs and the spike gradients once and writes the input
+gradients once, and the forward never has to store a trace for it.
+
+Kernels compile per model (and per surrogate for backward) on first use.
+No contraction flag: ``v * beta + x`` rounds as the seed's NumPy loop does,
+so spikes and membranes are bit-identical to it.
+"""
+
+import importlib
+
+import numpy as np
+from numba import prange, types
+from numba.extending import overload, register_jitable
+
+from .._jit import cpu_kernel
+# the package's ``lif`` attribute is the public function; reach the module by name
+_lif = importlib.import_module(".lif", __package__)
+
+_FASTMATH = frozenset({"nsz", "arcp"})
+
+#: Elements of a chunk's neuron loop (forward): a few KiB per input row.
+CHUNK = 1024
+#: Bytes of chunk-local buffers per backward chunk (3 buffers of [T, chunk]).
+BACKWARD_BUFFER = 256 * 1024
+
+
+def _at_py(p, j):
+    return p if np.isscalar(p) else p[j]
+
+
+@overload(_at_py, jit_options={"fastmath": set(_FASTMATH)})
+def _at_impl(p, j):
+    # a parameter is a scalar (the same for every neuron) or one value per neuron
+    if isinstance(p, types.Array):
+        return lambda p, j: p[j]
+    return lambda p, j: p
+
+
+@register_jitable
+def _pick(p, j):
+    return (_at_py(p[0], j), _at_py(p[1], j), _at_py(p[2], j), _at_py(p[3], j))
+
+
+for _f in _lif.functions().values():
+    register_jitable(_f)
+del _f
+
+
+def _named(fn, name):
+    # a unique qualname gives each generated kernel its own on-disk cache entry
+    fn.__name__ = fn.__qualname__ = name
+    return cpu_kernel(fn, parallel=True, fastmath=_FASTMATH)
+
+
+def _forward_kernels(model):
+    step = _lif.MODELS[model][0]
+
+    def chunked(x, a0, b0, p, c, chunk, spk, a_out, b_out, trace):
+        n_t, m = x.shape
+        for k in prange((m + chunk - 1) // chunk):
+            j0 = k * chunk
+            j1 = min(j0 + chunk, m)
+            for j in range(j0, j1):
+                a_out[j] = a0[j] if a0 is not None else c.zero
+                if b_out is not None:
+                    b_out[j] = b0[j] if b0 is not None else c.zero
+            for t in range(n_t):
+                for j in range(j0, j1):
+                    b = b_out[j] if b_out is not None else c.zero
+                    s, u, th, a2, b2 = step(x[t, j], a_out[j], b, _pick(p, j), c)
+                    spk[t, j] = s
+                    a_out[j] = a2
+                    if b_out is not None:
+                        b_out[j] = b2
+                    if trace is not None:
+                        trace[t, j] = u
+
+    def time_outer(x, a0, b0, p, c, chunk, spk, a_out, b_out, trace):
+        n_t, m = x.shape
+        for j in prange(m):
+            a_out[j] = a0[j] if a0 is not None else c.zero
+            if b_out is not None:
+                b_out[j] = b0[j] if b0 is not None else c.zero
+        for t in range(n_t):
+            for j in prange(m):
+                b = b_out[j] if b_out is not None else c.zero
+                s, u, th, a2, b2 = step(x[t, j], a_out[j], b, _pick(p, j), c)
+                spk[t, j] = s
+                a_out[j] = a2
+                if b_out is not None:
+                    b_out[j] = b2
+                if trace is not None:
+                    trace[t, j] = u
+
+    return (_named(chunked, f"{model}_forward"), _named(time_outer, f"{model}_forward_t"))
+
+
+def _backward_kernel(model, surrogate):
+    step, adj = _lif.MODELS[model][:2]
+    sg = _lif.SURROGATES[surrogate][0]
+
+    def bwd(x, a0, b0, p, c, sp, chunk, gs, gtrace, ga_t, gb_t, gx, ga0, gb0, gbeta, gthr):
+        n_t, m = x.shape
+        for k in prange((m + chunk - 1) // chunk):
+            j0 = k * chunk
+            n = min(chunk, m - j0)
+            uu = np.empty((n_t, n), x.dtype)
+            tt = np.empty((n_t, n), x.dtype)
+            vp = np.empty((n_t, n), x.dtype)
+            sa = np.empty(n, x.dtype)
+            sb = np.empty(n, x.dtype)
+            for i in range(n):
+                sa[i] = a0[j0 + i] if a0 is not None else c.zero
+                sb[i] = b0[j0 + i] if b0 is not None else c.zero
+            for t in range(n_t):
+                for i in range(n):
+                    s, u, th, a2, b2 = step(x[t, j0 + i], sa[i], sb[i], _pick(p, j0 + i), c)
+                    uu[t, i] = u
+                    tt[t, i] = th
+                    vp[t, i] = sa[i]
+                    sa[i] = a2
+                    sb[i] = b2
+            # sa/sb now carry the gradients of the state, from the last step back
+            for i in range(n):
+                sa[i] = ga_t[j0 + i] if ga_t is not None else c.zero
+                sb[i] = gb_t[j0 + i] if gb_t is not None else c.zero
+                gbeta[j0 + i] = c.zero
+                gthr[j0 + i] = c.zero
+            for t in range(n_t - 1, -1, -1):
+                for i in range(n):
+                    j = j0 + i
+                    u = uu[t, i]
+                    th = tt[t, i]
+                    gu_ext = gtrace[t, j] if gtrace is not None else c.zero
+                    g, ga, gb, db, dth = adj(gs[t, j], gu_ext, u, th, vp[t, i], u > th,
+                                             sg(u - th, sp, c), sa[i], sb[i], _pick(p, j), c)
+                    gx[t, j] = g
+                    sa[i] = ga
+                    sb[i] = gb
+                    gbeta[j] += db
+                    gthr[j] += dth
+            for i in range(n):
+                ga0[j0 + i] = sa[i]
+                gb0[j0 + i] = sb[i]
+
+    return _named(bwd, f"{model}_{surrogate}_backward")
+
+
+_FORWARD = {}
+_BACKWARD = {}
+
+
+def _forward_for(model):
+    if model not in _FORWARD:
+        _FORWARD[model] = _forward_kernels(model)
+    return _FORWARD[model]
+
+
+def forward(model, x, a0, b0, p, c, spk, a_out, b_out, trace, time_outer=False):
+    """Run ``model`` over ``x[T, M]`` from state ``(a0, b0)`` (None = rest).
+
+    Writes spikes ``spk[T, M]`` (float, uint8 or bool), the final state
+    ``a_out[M]`` and ``b_out[M]`` (None: the model's second state is not
+    kept), and the pre-reset membrane ``trace[T, M]`` unless it is None.
+    ``p`` holds four parameters, each a scalar of x's dtype or an ``[M]``
+    array. ``time_outer`` picks the other loop order (benchmarks only).
+    """
+    if x.shape[1] == 0:
+        return
+    kern = _forward_for(model)[1 if time_outer else 0]
+    kern(x, a0, b0, p, c, _chunk(x.shape[1]), spk, a_out, b_out, trace)
+
+
+def backward(model, surrogate, x, a0, b0, p, c, sp, gs, gtrace, ga_t, gb_t,
+             gx, ga0, gb0, gbeta, gthr):
+    """BPTT of ``model`` with surrogate ``surrogate`` (parameter ``sp``).
+
+    Inputs as :func:`forward` plus the gradients of the spikes ``gs[T, M]``,
+    of the trace ``gtrace`` and of the final state ``ga_t``/``gb_t`` (each
+    None when absent). Writes ``gx[T, M]``, the gradients of the initial
+    state ``ga0``/``gb0`` and per-neuron parameter gradients ``gbeta``,
+    ``gthr`` (all ``[M]``).
+    """
+    n_t, m = x.shape
+    if m == 0:
+        return
+    key = (model, surrogate)
+    if key not in _BACKWARD:
+        _BACKWARD[key] = _backward_kernel(model, surrogate)
+    chunk = max(16, min(CHUNK, BACKWARD_BUFFER // (3 * max(n_t, 1) * x.itemsize) // 16 * 16))
+    _BACKWARD[key](x, a0, b0, p, c, sp, _chunk(m, chunk), gs, gtrace, ga_t, gb_t,
+                   gx, ga0, gb0, gbeta, gthr)
+
+
+def _chunk(m, chunk=CHUNK):
+    # at least four chunks per thread where the neurons allow, for balance
+    from numba import get_num_threads
+
+    per = -(-m // (4 * get_num_threads()))
+    return max(min(chunk, (per + 15) // 16 * 16), 16)
+
+
+# ---------------------------------------------------------------------------
+# Encoders and decoders: the same chunked order (time loop inside a chunk,
+# neurons innermost), so each output row of a chunk is written once.
+
+_uniform = _lif.uniform
+_rate_p = _lif.rate_probability
+_latency_t = _lif.latency_time
+
+
+@cpu_kernel(parallel=True, fastmath=_FASTMATH)
+def _rate(x, key, gain, poisson, chunk, out):
+    n_t, m = out.shape
+    for k in prange((m + chunk - 1) // chunk):
+        j0 = k * chunk
+        j1 = min(j0 + chunk, m)
+        p = np.empty(j1 - j0, np.float64)
+        for j in range(j0, j1):
+            p[j - j0] = _rate_p(x[j], gain, poisson)
+        for t in range(n_t):
+            for j in range(j0, j1):
+                out[t, j] = _uniform(key, t * m + j) < p[j - j0]
+
+
+def rate(x, key, gain, poisson, out):
+    """Bernoulli spikes ``out[T, M]`` with probability from ``x[M]``."""
+    if out.size:
+        _rate(x, key, gain, poisson, _chunk(out.shape[1]), out)
+
+
+@cpu_kernel(parallel=True, fastmath=_FASTMATH)
+def _latency(x, tau, threshold, linear, chunk, out):
+    n_t, m = out.shape
+    for k in prange((m + chunk - 1) // chunk):
+        j0 = k * chunk
+        j1 = min(j0 + chunk, m)
+        ts = np.empty(j1 - j0, np.int64)
+        for j in range(j0, j1):
+            ts[j - j0] = _latency_t(x[j], n_t, tau, threshold, linear)
+        for t in range(n_t):
+            for j in range(j0, j1):
+                out[t, j] = ts[j - j0] == t
+
+
+def latency(x, tau, threshold, linear, out):
+    """One spike per neuron at the step :func:`.lif.latency_time` gives."""
+    if out.size:
+        _latency(x, tau, threshold, linear, _chunk(out.shape[1]), out)
+
+
+@cpu_kernel(parallel=True, fastmath=_FASTMATH)
+def _delta(x, threshold, zero, padding, off, chunk, out):
+    n_t, m = x.shape
+    for k in prange((m + chunk - 1) // chunk):
+        j0 = k * chunk
+        j1 = min(j0 + chunk, m)
+        for t in range(n_t):
+            for j in range(j0, j1):
+                prev = x[t - 1, j] if t > 0 else (x[0, j] if padding else zero)
+                d = x[t, j] - prev
+                out[t, j] = 1 if d >= threshold else (-1 if (off and d <= -threshold) else 0)
+
+
+def delta(x, threshold, padding, off_spike, out):
+    """Delta modulation of ``x[T, M]`` into ``out[T, M]`` (+1/-1/0)."""
+    if out.size:
+        t = x.dtype.type
+        _delta(x, t(threshold), t(0), padding, off_spike, _chunk(x.shape[1]), out)
+
+
+@cpu_kernel(parallel=True, fastmath=_FASTMATH)
+def _count(spikes, chunk, out):
+    n_t, m = spikes.shape
+    for k in prange((m + chunk - 1) // chunk):
+        j0 = k * chunk
+        j1 = min(j0 + chunk, m)
+        for j in range(j0, j1):
+            out[j] = 0
+        for t in range(n_t):
+            for j in range(j0, j1):
+                out[j] += spikes[t, j]
+
+
+def spike_count(spikes, out):
+    """``out[M]`` = number of spikes of each neuron over ``spikes[T, M]``."""
+    if out.size:
+        _count(spikes, _chunk(spikes.shape[1]), out)
+
+
+@cpu_kernel(parallel=True, fastmath=_FASTMATH)
+def _first(spikes, chunk, out):
+    n_t, m = spikes.shape
+    for k in prange((m + chunk - 1) // chunk):
+        j0 = k * chunk
+        j1 = min(j0 + chunk, m)
+        for j in range(j0, j1):
+            out[j] = n_t
+        # reversed, so the earliest spike is the last one written
+        for i in range(n_t):
+            t = n_t - 1 - i
+            for j in range(j0, j1):
+                out[j] = t if spikes[t, j] != 0 else out[j]
+
+
+def first_spike_time(spikes, out):
+    """``out[M]`` = first step with a spike, ``T`` where none."""
+    if out.size:
+        _first(spikes, _chunk(spikes.shape[1]), out)
