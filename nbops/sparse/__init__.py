@@ -1,5 +1,440 @@
-"""CSR sparse operators (to come in their own issue): a validated
-``CSRMatrix`` (int32/int64 indices, conversion from COO, dense and SciPy) and
-load-balanced SpMV, SpMM, SDDMM and row softmax on CPU and CUDA, with
-backward passes. Kernels will live in ``sparse/cpu.py`` and
-``sparse/cuda.py`` beside this public module."""
+"""CSR sparse matrices and their operators, on the CPU and CUDA.
+
+For graph neural networks, pruned weights and sparse attention:
+:class:`CSRMatrix` (validated, int32/int64 indices, float32/float64 values
+or int8 values with a scale) and
+
+* ``mv(A, x)``, ``mm(A, B)`` (also ``A @ x``, ``A.T @ B`` through the cached
+  transposed structure), ``sddmm(A, X, Y)`` (``X[i] . Y[j]`` on A's
+  pattern), ``softmax(A)`` over each row's stored values, ``add(A, B)``,
+  ``scale_rows``/``scale_columns`` and ``gcn_norm``;
+* their value-level operators (``mm_values(data, indices, indptr, shape,
+  B)`` ...), whose first argument is the differentiable values array: with
+  ``nbops.Tensor`` values or dense operands every operator records its
+  backward (the gradient on the values of ``mm`` is an SDDMM on the pattern,
+  the gradient on B a product with the transpose).
+
+CPU kernels split work into equal shares of rows + nonzeros (merge path), so
+power-law row lengths keep every thread busy; CUDA kernels give each row a
+group of threads sized to the average row length (see ``sparse/cpu.py`` and
+``sparse/cuda.py``). Column order and duplicates within rows are accepted
+everywhere (duplicates add up; softmax treats them as separate entries);
+``add`` brings non-canonical inputs to canonical form first.
+
+Example
+-------
+>>> import numpy as np
+>>> from nbops import sparse
+>>> A = sparse.CSRMatrix.from_coo(np.array([[0, 1, 1], [2, 0, 0]]),
+...                               np.array([1.0, 2.0, 3.0]), (2, 3))
+>>> sparse.mv(A, np.ones(3))
+array([1., 5.])
+"""
+
+import numpy as np
+
+from .. import _checks, _dispatch
+from .._dispatch import operator
+from .csr import CSRMatrix, is_tensor, raw, transpose_plan, validate
+
+__all__ = ["CSRMatrix", "from_coo", "from_dense", "from_scipy", "mv", "mm", "matmul",
+           "sddmm", "softmax", "add", "scale_rows", "scale_columns", "gcn_norm",
+           "to_dense", "mv_values", "mm_values", "sddmm_values", "softmax_values",
+           "softmax_values_backward", "scale_values", "gather", "scatter"]
+
+from_coo = CSRMatrix.from_coo
+from_dense = CSRMatrix.from_dense
+from_scipy = CSRMatrix.from_scipy
+
+for _k in ("spmv", "spmm", "sddmm", "row_softmax", "row_softmax_backward", "scale",
+           "to_dense", "gather", "scatter", "add"):
+    _dispatch.register_kernel("sparse." + _k, _dispatch.CPU, f"nbops.sparse.cpu:{_k}")
+    _dispatch.register_kernel("sparse." + _k, _dispatch.CUDA, f"nbops.sparse.cuda:{_k}")
+del _k
+
+
+def _kernel(name, device):
+    return _dispatch.kernel("sparse." + name, device)
+
+
+def _dense(op, name, x, ndim, device):
+    _checks.array(op, name, x)
+    if x.ndim != ndim:
+        raise ValueError(f"{op}: '{name}' must be {ndim}-D, got shape {tuple(x.shape)}")
+    # kernels read rows of dense operands: contiguous rows are one stream
+    return np.ascontiguousarray(x) if device == _dispatch.CPU else x
+
+
+def _pattern(op, data, indices, indptr, shape, scale=None, **dense):
+    """Cheap checks of a values-level call (types, lengths, devices; the
+    contents were checked when the CSRMatrix was built). Returns
+    ``(shape, scale, device)``."""
+    shape, scale = validate(op, data, indices, indptr, shape, scale if
+                            data is not None and data.dtype == np.int8 else None)
+    dev = _dispatch.resolve_device(op, data=data, indices=indices, indptr=indptr, **dense)
+    return shape, scale, dev
+
+
+def _same_values_dtype(op, data, **dense):
+    if data.dtype != np.int8:
+        _checks.same_dtype(op, data=data, **dense)
+
+
+def _matrix(op, name, A):
+    if not isinstance(A, CSRMatrix):
+        raise TypeError(f"{op}: '{name}' must be a CSRMatrix, got {_checks.describe(A)}")
+    return A
+
+
+# ---------------------------------------------------------------------------
+# Value-level operators: the differentiable core
+
+
+@operator("sparse.mv_values")
+def mv_values(data, indices, indptr, shape, x, scale=1.0, out=None):
+    """``y = scale * A @ x`` for the CSR arrays of A (see :func:`mv`).
+
+    ``data`` (nnz,) float32/float64 (the dtype of ``x``) or int8 with
+    ``scale``; ``x`` (cols,); returns y (rows,) of x's dtype on their device.
+    Differentiable in ``data`` and ``x``.
+    """
+    op = "sparse.mv_values"
+    shape, scale, dev = _pattern(op, data, indices, indptr, shape, scale, x=x, out=out)
+    x = _dense(op, "x", x, 1, dev)
+    _same_values_dtype(op, data, x=x)
+    if x.shape[0] != shape[1]:
+        raise ValueError(f"{op}: 'x' must have {shape[1]} entries (A is {shape[0]} x "
+                         f"{shape[1]}), got {x.shape[0]}")
+    out = _checks.output(op, out, (shape[0],), x.dtype, dev, {"x": x, "data": data})
+    return _kernel("spmv", dev)(data, indices, indptr, x, out, scale)
+
+
+@operator("sparse.mm_values")
+def mm_values(data, indices, indptr, shape, B, scale=1.0, out=None):
+    """``C = scale * A @ B`` for the CSR arrays of A (see :func:`mm`).
+
+    ``B`` (cols, n) float32/float64, any n; returns C (rows, n). Differentiable
+    in ``data`` (an SDDMM of the upstream gradient and B on A's pattern) and
+    in ``B`` (A^T times the gradient, through the cached transposed structure).
+    """
+    op = "sparse.mm_values"
+    shape, scale, dev = _pattern(op, data, indices, indptr, shape, scale, B=B, out=out)
+    B = _dense(op, "B", B, 2, dev)
+    _same_values_dtype(op, data, B=B)
+    if B.shape[0] != shape[1]:
+        raise ValueError(f"{op}: 'B' must have {shape[1]} rows (A is {shape[0]} x "
+                         f"{shape[1]}), got shape {tuple(B.shape)}")
+    out = _checks.output(op, out, (shape[0], B.shape[1]), B.dtype, dev, {"B": B, "data": data})
+    return _kernel("spmm", dev)(data, indices, indptr, B, out, scale)
+
+
+@operator("sparse.sddmm_values")
+def sddmm_values(indices, indptr, shape, X, Y, out=None):
+    """``out[k] = X[i] . Y[j]`` for every stored position k = (i, j) of a CSR
+    pattern: X (rows, d), Y (cols, d), one float dtype; returns (nnz,).
+    Differentiable in X and Y."""
+    op = "sparse.sddmm_values"
+    shape, _, dev = _pattern(op, None, indices, indptr, shape, X=X, Y=Y, out=out)
+    X = _dense(op, "X", X, 2, dev)
+    Y = _dense(op, "Y", Y, 2, dev)
+    _checks.same_dtype(op, X=X, Y=Y)
+    if X.shape[0] != shape[0] or Y.shape[0] != shape[1] or X.shape[1] != Y.shape[1]:
+        raise ValueError(f"{op}: X must be ({shape[0]}, d) and Y ({shape[1]}, d) for a "
+                         f"{shape[0]} x {shape[1]} pattern, got {tuple(X.shape)} and "
+                         f"{tuple(Y.shape)}")
+    out = _checks.output(op, out, (indices.shape[0],), X.dtype, dev, {"X": X, "Y": Y})
+    return _kernel("sddmm", dev)(indices, indptr, X, Y, out)
+
+
+@operator("sparse.softmax_values", save=("output",))
+def softmax_values(data, indices, indptr, shape):
+    """Softmax over each row's stored values (empty rows stay empty; the
+    row max is subtracted first, NaN propagates to its row). Returns (nnz,).
+    Differentiable in ``data``."""
+    op = "sparse.softmax_values"
+    _, _, dev = _pattern(op, data, indices, indptr, shape)
+    _checks.array(op, "data", data)
+    out = _checks.empty(data.shape, data.dtype, dev)
+    return _kernel("row_softmax", dev)(data, indptr, out)
+
+
+@operator("sparse.softmax_values_backward")
+def softmax_values_backward(y, grad, indptr):
+    """Gradient of :func:`softmax_values`: ``y * (grad - sum_row(grad * y))``
+    from its output ``y``; all three on one device, y and grad (nnz,)."""
+    op = "sparse.softmax_values_backward"
+    _checks.array(op, "y", y)
+    _checks.array(op, "grad", grad)
+    _checks.array(op, "indptr", indptr, (np.dtype(np.int32), np.dtype(np.int64)))
+    _checks.same_dtype(op, y=y, grad=grad)
+    _checks.same_shape(op, y=y, grad=grad)
+    dev = _dispatch.resolve_device(op, y=y, grad=grad, indptr=indptr)
+    out = _checks.empty(y.shape, y.dtype, dev)
+    return _kernel("row_softmax_backward", dev)(y, grad, indptr, out)
+
+
+@operator("sparse.scale_values")
+def scale_values(data, indices, indptr, shape, row_scale=None, col_scale=None):
+    """``data[k] * row_scale[i] * col_scale[j]`` at every stored (i, j);
+    either scale may be None. Scales are 1-D of length rows / cols and of
+    data's dtype. Differentiable in ``data`` (not in the scales)."""
+    op = "sparse.scale_values"
+    shape, _, dev = _pattern(op, data, indices, indptr, shape, row_scale=row_scale,
+                             col_scale=col_scale)
+    _checks.array(op, "data", data)
+    for name, s, n in (("row_scale", row_scale, shape[0]), ("col_scale", col_scale, shape[1])):
+        if s is not None:
+            _dense(op, name, s, 1, dev)
+            _checks.same_dtype(op, data=data, **{name: s})
+            if s.shape[0] != n:
+                raise ValueError(f"{op}: '{name}' must have {n} entries, got {s.shape[0]}")
+    out = _checks.empty(data.shape, data.dtype, dev)
+    return _kernel("scale", dev)(data, indices, indptr, row_scale, col_scale, out)
+
+
+def _permutation(op, name, values, perm):
+    _checks.array(op, name, values, (np.dtype(np.float32), np.dtype(np.float64)))
+    _checks.array(op, "perm", perm, (np.dtype(np.int64),))
+    if values.ndim != 1 or tuple(perm.shape) != tuple(values.shape):
+        raise ValueError(f"{op}: '{name}' and 'perm' must be 1-D of one length, got "
+                         f"{tuple(values.shape)} and {tuple(perm.shape)}")
+    dev = _dispatch.resolve_device(op, **{name: values, "perm": perm})
+    return dev, _checks.empty(values.shape, values.dtype, dev)
+
+
+@operator("sparse.gather")
+def gather(values, perm):
+    """``values[perm]`` for a permutation ``perm`` (int64) on either device
+    (how ``A.T`` reorders values). Differentiable in ``values``."""
+    dev, out = _permutation("sparse.gather", "values", values, perm)
+    return _kernel("gather", dev)(values, perm, out)
+
+
+@operator("sparse.scatter")
+def scatter(values, perm):
+    """``out[perm] = values``, the inverse of :func:`gather`."""
+    dev, out = _permutation("sparse.scatter", "values", values, perm)
+    return _kernel("scatter", dev)(values, perm, out)
+
+
+# -- backward rules ----------------------------------------------------------
+
+def _transposed(data, indices, indptr, shape):
+    """Values and structure of A^T (the structure cached per pattern)."""
+    tind, tptr, perm = transpose_plan(indices, indptr, shape)
+    return (None if data is None else gather(data, perm)), tind, tptr, (shape[1], shape[0])
+
+
+def _mv_rule(ctx, g):
+    data, indices, indptr, shape, x, scale = ctx.inputs[:6]
+    need = ctx.needs_input_grad
+    gd = gx = None
+    if need[0]:
+        m, n = shape
+        gd = sddmm_values(indices, indptr, shape, g.reshape(m, 1), x.reshape(n, 1))
+    if need[4]:
+        gx = mv_values(*_transposed(data, indices, indptr, shape), g, scale)
+    return gd, None, None, None, gx
+
+
+def _mm_rule(ctx, g):
+    data, indices, indptr, shape, B, scale = ctx.inputs[:6]
+    need = ctx.needs_input_grad
+    gd = sddmm_values(indices, indptr, shape, g, B) if need[0] else None
+    gB = mm_values(*_transposed(data, indices, indptr, shape), g, scale) if need[4] else None
+    return gd, None, None, None, gB
+
+
+def _sddmm_rule(ctx, g):
+    indices, indptr, shape, X, Y = ctx.inputs[:5]
+    need = ctx.needs_input_grad
+    gX = mm_values(g, indices, indptr, shape, Y) if need[3] else None
+    gY = mm_values(*_transposed(g, indices, indptr, shape), X) if need[4] else None
+    return None, None, None, gX, gY
+
+
+def _softmax_rule(ctx, g):
+    return softmax_values_backward(ctx.output, g, ctx.inputs[2]), None, None, None
+
+
+def _scale_rule(ctx, g):
+    data, indices, indptr, shape, rs, cs = ctx.inputs[:6]
+    return scale_values(g, indices, indptr, shape, rs, cs), None, None, None, None, None
+
+
+mv_values.backward = _mv_rule
+mm_values.backward = _mm_rule
+sddmm_values.backward = _sddmm_rule
+softmax_values.backward = _softmax_rule
+scale_values.backward = _scale_rule
+gather.backward = lambda ctx, g: (scatter(g, ctx.inputs[1]), None)
+scatter.backward = lambda ctx, g: (gather(g, ctx.inputs[1]), None)
+
+
+# ---------------------------------------------------------------------------
+# Matrix-level functions
+
+
+def mv(A, x, out=None):
+    """Sparse matrix times dense vector, ``A @ x``.
+
+    Parameters
+    ----------
+    A : CSRMatrix (rows, cols), values float32/float64 (or int8 with a scale)
+    x : array (cols,), the dtype of A's values (any float for int8 A), on
+        A's device; an ``nbops.Tensor`` to differentiate.
+    out : array (rows,), optional
+
+    Returns an array (rows,) of x's dtype on A's device (a Tensor when A's
+    values or x are tensors). Each row is summed in x's dtype.
+
+    Raises TypeError (not a CSRMatrix, dtypes differ, mixed devices) or
+    ValueError (len(x) != cols, bad ``out``).
+
+    Example
+    -------
+    >>> y = sparse.mv(sparse.from_scipy(scipy.sparse.eye(3, format="csr")), np.ones(3))
+    """
+    _matrix("sparse.mv", "A", A)
+    return mv_values(A.data, A.indices, A.indptr, A.shape, x, A.scale, out=out)
+
+
+def mm(A, B, out=None):
+    """Sparse matrix times dense matrix, ``A @ B``, for B of any width.
+
+    ``A`` CSRMatrix (rows, cols); ``B`` (cols, n) of A's value dtype on A's
+    device; returns (rows, n). ``A.T @ B`` (``mm(A.T, B)``) reuses the
+    transposed structure cached on A. Errors as :func:`mv`.
+
+    Example
+    -------
+    >>> C = sparse.mm(A, np.ones((A.shape[1], 64), np.float32))
+    """
+    _matrix("sparse.mm", "A", A)
+    return mm_values(A.data, A.indices, A.indptr, A.shape, B, A.scale, out=out)
+
+
+def matmul(A, other):
+    """``A @ other``: :func:`mv` for a 1-D operand, :func:`mm` for a 2-D one."""
+    _matrix("sparse.matmul", "A", A)
+    ndim = getattr(other, "ndim", None)
+    if ndim == 1:
+        return mv(A, other)
+    if ndim == 2:
+        return mm(A, other)
+    raise TypeError(f"sparse.matmul: the right operand must be a 1-D or 2-D array, got "
+                    f"{_checks.describe(other)}")
+
+
+def sddmm(A, X, Y):
+    """Sampled dense-dense product: a CSRMatrix with A's pattern whose value
+    at stored (i, j) is ``X[i] . Y[j]`` (A's own values are not used): the
+    attention scores of a graph attention layer.
+
+    X (rows, d) and Y (cols, d), one float dtype, on A's device. Raises
+    TypeError / ValueError for wrong dtypes, devices or shapes.
+
+    Example
+    -------
+    >>> S = sparse.sddmm(A, Q, K)        # scores on the edges of A
+    >>> P = sparse.softmax(S)            # attention weights per row
+    >>> out = sparse.mm(P, V)
+    """
+    _matrix("sparse.sddmm", "A", A)
+    return A._like(sddmm_values(A.indices, A.indptr, A.shape, X, Y), scale=1.0)
+
+
+def softmax(A):
+    """Softmax over each row's stored values (a CSRMatrix of A's pattern).
+    Duplicate entries count separately; empty rows stay empty."""
+    _matrix("sparse.softmax", "A", A)
+    return A._like(softmax_values(A.data, A.indices, A.indptr, A.shape))
+
+
+def scale_rows(A, s):
+    """``diag(s) @ A``: row i of A times ``s[i]``; s (rows,) of A's dtype."""
+    _matrix("sparse.scale_rows", "A", A)
+    return A._like(scale_values(A.data, A.indices, A.indptr, A.shape, row_scale=s))
+
+
+def scale_columns(A, s):
+    """``A @ diag(s)``: column j of A times ``s[j]``; s (cols,) of A's dtype."""
+    _matrix("sparse.scale_columns", "A", A)
+    return A._like(scale_values(A.data, A.indices, A.indptr, A.shape, col_scale=s))
+
+
+def add(A, B, alpha=1.0, beta=1.0):
+    """``alpha * A + beta * B`` as a canonical CSRMatrix (union of the
+    patterns, columns sorted). Inputs that are not canonical (unsorted or
+    duplicate columns) are canonicalised first (on a copy).
+
+    Both float32 or both float64, one index dtype, one shape, one device.
+    Not differentiable: values that are tensors requiring grad raise
+    TypeError. ValueError for different shapes, or when the result could
+    exceed int32 indices.
+    """
+    op = "sparse.add"
+    _matrix(op, "A", A)
+    _matrix(op, "B", B)
+    alpha = _checks.scalar(op, "alpha", alpha)
+    beta = _checks.scalar(op, "beta", beta)
+    for name, m in (("A", A), ("B", B)):
+        if is_tensor(m.data) and m.data.requires_grad:
+            raise TypeError(f"{op}: '{name}' has values that require grad; add is not "
+                            "differentiable (detach them, or use mm/sddmm)")
+        _checks.array(op, name + ".data", raw(m.data))
+    if A.shape != B.shape:
+        raise ValueError(f"{op}: shapes differ: A is {A.shape}, B is {B.shape}")
+    _checks.same_dtype(op, **{"A.data": raw(A.data), "B.data": raw(B.data)})
+    if A.index_dtype != B.index_dtype:
+        raise TypeError(f"{op}: A has {A.index_dtype} indices but B has {B.index_dtype}")
+    dev = _dispatch.resolve_device(op, A=A.indices, B=B.indices)
+    if A.index_dtype == np.int32 and A.nnz + B.nnz > np.iinfo(np.int32).max:
+        raise ValueError(f"{op}: the sum may hold {A.nnz + B.nnz} entries, beyond int32 "
+                         "indices; convert to int64 first")
+    A = A if A.has_canonical_format else A.sum_duplicates()
+    B = B if B.has_canonical_format else B.sum_duplicates()
+    data, ind, ptr = _kernel("add", dev)(raw(A.data), A.indices, A.indptr, raw(B.data),
+                                         B.indices, B.indptr, alpha, beta)
+    out = CSRMatrix(data, ind, ptr, A.shape, check=False)
+    out._canonical = True
+    return out
+
+
+def gcn_norm(A, add_self_loops=True):
+    """The GCN propagation matrix ``D^-1/2 (A + I) D^-1/2`` (Kipf and
+    Welling), D the row sums of ``A + I``; rows summing to zero stay zero.
+    A square CSRMatrix with float values; returns a canonical CSRMatrix."""
+    op = "sparse.gcn_norm"
+    _matrix(op, "A", A)
+    if A.shape[0] != A.shape[1]:
+        raise ValueError(f"{op}: A must be square, got {A.shape}")
+    if add_self_loops:
+        n = A.shape[0]
+        eye = CSRMatrix(np.ones(n, A.dtype), np.arange(n, dtype=A.index_dtype),
+                        np.arange(n + 1, dtype=A.index_dtype), A.shape, check=False)
+        A = add(A, eye.to_device() if A.device == _dispatch.CUDA else eye)
+    deg = _dispatch.to_host(mv(A, _ones(A.shape[1], A.dtype, A.device)))
+    with np.errstate(divide="ignore"):
+        inv = np.where(deg > 0, 1.0 / np.sqrt(deg), 0.0).astype(A.dtype)
+    if A.device == _dispatch.CUDA:
+        inv = _dispatch.to_device(inv)
+    return A._like(scale_values(raw(A.data), A.indices, A.indptr, A.shape, inv, inv))
+
+
+def _ones(n, dtype, device):
+    x = np.ones(n, dtype)
+    return x if device == _dispatch.CPU else _dispatch.to_device(x)
+
+
+def to_dense(A, out=None):
+    """The dense array of A on A's device (duplicates add up; int8 values
+    dequantized to float32). ``out``: (rows, cols) C-contiguous, optional."""
+    op = "sparse.to_dense"
+    _matrix(op, "A", A)
+    data = raw(A.data)
+    if data.dtype == np.int8:
+        host = _dispatch.to_host(data).astype(np.float32) * np.float32(A.scale)
+        data = host if A.device == _dispatch.CPU else _dispatch.to_device(host)
+    out = _checks.output(op, out, A.shape, data.dtype, A.device)
+    return _kernel("to_dense", A.device)(data, A.indices, A.indptr, out)

@@ -25,7 +25,8 @@ from numba.extending import register_jitable
 from .._jit import FASTMATH_REDUCE, cpu_kernel
 
 __all__ = ["spmv", "spmm", "sddmm", "row_softmax", "row_softmax_backward", "scale",
-           "to_dense", "counting_sort", "canonicalize", "add", "expand_rows"]
+           "to_dense", "gather", "scatter", "counting_sort", "canonicalize", "add",
+           "expand_rows"]
 
 # Items (rows + nonzeros) per chunk below which more chunks only add overhead,
 # and chunks per thread: a few per thread absorb uneven memory latency.
@@ -280,6 +281,27 @@ def expand_rows(indptr, rows):
     """The row of each nonzero (the COO row array)."""
     _expand_rows(indptr, rows, _n_chunks(indptr.size + rows.size))
     return rows
+
+
+@cpu_kernel(parallel=True)
+def _permute(src, perm, out, scatter):
+    for i in prange(perm.size):
+        if scatter:
+            out[perm[i]] = src[i]
+        else:
+            out[i] = src[perm[i]]
+
+
+def gather(src, perm, out):
+    """``out[i] = src[perm[i]]``."""
+    _permute(src, perm, out, False)
+    return out
+
+
+def scatter(src, perm, out):
+    """``out[perm[i]] = src[i]`` (the inverse of :func:`gather` for a permutation)."""
+    _permute(src, perm, out, True)
+    return out
 
 
 # ---------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from ..cuda._launch import THREADS, grid_1d
 from . import cpu as _cpu
 
 __all__ = ["spmv", "spmm", "sddmm", "row_softmax", "row_softmax_backward", "scale",
-           "to_dense", "add", "group_size"]
+           "to_dense", "gather", "scatter", "add", "group_size"]
 
 
 def group_size(avg):
@@ -256,6 +256,27 @@ def _to_dense(data, indices, indptr, out):
 def to_dense(data, indices, indptr, out):
     if out.shape[0]:
         _to_dense[grid_1d(out.shape[0])](data, indices, indptr, out)
+    return out
+
+
+@cuda.jit
+def _permute(src, perm, out, scatter):
+    for i in range(cuda.grid(1), perm.size, cuda.gridsize(1)):
+        if scatter:
+            out[perm[i]] = src[i]
+        else:
+            out[i] = src[perm[i]]
+
+
+def gather(src, perm, out):
+    if perm.size:
+        _permute[grid_1d(perm.size)](src, perm, out, False)
+    return out
+
+
+def scatter(src, perm, out):
+    if perm.size:
+        _permute[grid_1d(perm.size)](src, perm, out, True)
     return out
 
 
