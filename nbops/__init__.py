@@ -35,7 +35,7 @@ from .arith import (  # noqa: F401
     add, sub, mul, div, pow, neg, exp, log, sum, mean, expand, sum_to,
 )
 from .autograd import Tensor, no_grad, enable_grad  # noqa: F401
-from . import autograd  # noqa: F401,E402
+from . import autograd, nn, optim  # noqa: F401,E402
 
 __all__ = [
     "Operator", "cuda_available", "get_operator", "register_op", "registered_ops",
@@ -45,5 +45,5 @@ __all__ = [
     *_tensor_all,
     "fuse",
     "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sum", "mean", "expand", "sum_to",
-    "Tensor", "no_grad", "enable_grad", "autograd",
+    "Tensor", "no_grad", "enable_grad", "autograd", "nn", "optim",
 ]

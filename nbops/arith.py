@@ -15,9 +15,6 @@ arrays on the operands' device, or ``out=``.
 Accuracy: elementwise results are IEEE results of the dtype. Sums on the
 CPU are NumPy's (pairwise summation along the fastest axis); on CUDA every
 output element accumulates in float64.
-
-Also here, marked INTERIM: ``interim_matmul`` (2-D ``a @ b``), used by
-autograd and ``nn.Linear`` only until ``nbops.matmul`` exists.
 """
 
 import numbers
@@ -31,8 +28,7 @@ __all__ = ["add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sum", "mean"
            "expand", "sum_to", "zeros", "permute_view", "index_view",
            "assign"]
 
-for _k in ("add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sum", "mean",
-           "interim_matmul"):
+for _k in ("add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sum", "mean"):
     _dispatch.register_kernel(_k, _dispatch.CPU, f"nbops.cpu.arith:{_k}")
     _dispatch.register_kernel(_k, _dispatch.CUDA, f"nbops.cuda.arith:{_k}")
 # helpers' kernels: private names, so no user op can collide with them
@@ -345,29 +341,6 @@ def sum_to(x, shape):
     return summed.reshape(shape)
 
 
-@operator("interim_matmul")
-def interim_matmul(a, b, out=None):
-    """INTERIM 2-D ``a @ b`` (NumPy on the CPU, an untuned CUDA kernel),
-    kept only until ``nbops.matmul`` lands; autograd switches to that then.
-
-    ``a`` (m, k), ``b`` (k, n): float32/float64 of one dtype and device, any
-    strides. Raises ValueError for other ranks or mismatched inner sizes.
-    """
-    for name, v in (("a", a), ("b", b)):
-        _checks.array("interim_matmul", name, v)
-        if v.ndim != 2:
-            raise ValueError(f"interim_matmul: argument '{name}' must be 2-D, got shape "
-                             f"{tuple(v.shape)}")
-    _checks.same_dtype("interim_matmul", a=a, b=b)
-    if a.shape[1] != b.shape[0]:
-        raise ValueError(f"interim_matmul: inner sizes differ: 'a' {tuple(a.shape)}, "
-                         f"'b' {tuple(b.shape)}")
-    dev = _dispatch.resolve_device("interim_matmul", a=a, b=b, out=out)
-    out = _checks.output("interim_matmul", out, (a.shape[0], b.shape[1]), a.dtype, dev,
-                         {"a": a, "b": b})
-    return _dispatch.kernel("interim_matmul", dev)(a, b, out)
-
-
 # ---------------------------------------------------------------------------
 # Backward rules: (ctx, grad) -> one gradient per input, None for scalars.
 
@@ -442,6 +415,3 @@ sum.backward = _reduce_rule(False)
 mean.backward = _reduce_rule(True)
 expand.backward = lambda ctx, g: (sum_to(g, tuple(ctx.inputs[0].shape)),)
 sum_to.backward = lambda ctx, g: (expand(g, tuple(ctx.inputs[0].shape)),)
-interim_matmul.backward = lambda ctx, g: (
-    interim_matmul(g, permute_view(ctx.inputs[1], (1, 0))) if ctx.needs_input_grad[0] else None,
-    interim_matmul(permute_view(ctx.inputs[0], (1, 0)), g) if ctx.needs_input_grad[1] else None)

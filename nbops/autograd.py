@@ -361,10 +361,10 @@ class Tensor:
         return arith.neg(self)
 
     def __matmul__(self, other):
-        return _matmul()(self, other)
+        return _matmul(self, other)
 
     def __rmatmul__(self, other):
-        return _matmul()(other, self)
+        return _matmul(other, self)
 
     def sum(self, axis=None, keepdims=False):
         return arith.sum(self, axis, keepdims)
@@ -807,11 +807,10 @@ def _copy(a):
 # Shape operations as Functions
 
 
-def _matmul():
-    """``nbops.matmul`` when the linalg module provides it, else the interim one."""
-    import nbops
+def _matmul(a, b):
+    from .linalg import matmul
 
-    return getattr(nbops, "matmul", None) or arith.interim_matmul
+    return matmul(a, b)
 
 
 class _Transpose(Function):

@@ -5,14 +5,12 @@ ufuncs here: they already run at memory speed on contiguous data (SIMD
 loops, pairwise float summation), so a Numba kernel would add compile time
 and nothing else. Launchers write into the ``out`` array the front end
 allocated and return it.
-
-The interim matmul (until :mod:`nbops.linalg` lands) is ``numpy.matmul``.
 """
 
 import numpy as np
 
 __all__ = ["add", "sub", "mul", "div", "pow", "neg", "exp", "log", "copy", "assign",
-           "sum", "mean", "interim_matmul"]
+           "sum", "mean"]
 
 
 def _binary(ufunc):
@@ -60,8 +58,3 @@ def _reduction(fn):
 
 
 sum, mean = _reduction(np.sum), _reduction(np.mean)
-
-
-def interim_matmul(a, b, out):
-    np.matmul(a, b, out=out)
-    return out

@@ -21,7 +21,7 @@ from ._launch import THREADS, grid_1d
 from .activations import _binary_kernels, _launcher, _unary_kernels
 
 __all__ = ["add", "sub", "mul", "div", "pow", "neg", "exp", "log", "copy", "assign",
-           "sum", "mean", "interim_matmul"]
+           "sum", "mean"]
 
 
 def _f_add(a, b, p, c):
@@ -173,25 +173,3 @@ def sum(x, axes, keepdims, out):
 
 def mean(x, axes, keepdims, out):
     return _reduce(x, axes, out, mean=True)
-
-
-# --- interim matmul: replaced by nbops.linalg's kernels when they land ----
-
-@cuda.jit
-def _matmul_naive(a, b, out):
-    # one thread per output element; a and b may be strided (transposed) views
-    n = out.shape[1]
-    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        r = i // n
-        col = i - r * n
-        acc = 0.0
-        for k in range(a.shape[1]):
-            acc += a[r, k] * b[k, col]
-        out[r, col] = acc
-
-
-def interim_matmul(a, b, out):
-    """2-D ``out = a @ b``, float64 accumulation (INTERIM, untuned)."""
-    if out.size:
-        _matmul_naive[grid_1d(out.size)](a, b, out)
-    return out

@@ -1,0 +1,81 @@
+"""CPU kernels of the optimizers (:mod:`nbops.optim`): one fused pass over
+each parameter that reads its gradient and state and writes the parameter
+and state back, instead of NumPy's chain of temporaries (an Adam step is a
+dozen array expressions in NumPy, one memory pass here).
+
+The per-element updates are plain jitable functions that
+:mod:`nbops.cuda.optim` compiles again as device functions. ``s`` holds the
+step's scalars already in the parameter's dtype (float32 math for float32
+parameters).
+"""
+
+import math
+
+from numba import prange
+from numba.extending import register_jitable
+
+from .._jit import cpu_kernel
+
+__all__ = ["sgd_step", "adam_step"]
+
+
+def sgd_update(i, p, g, buf, s):
+    # s = (lr, weight_decay, keep, mix, momentum, nesterov, use_buffer): buf = keep*buf + mix*d
+    lr, wd, keep, mix, momentum, nesterov, use_buffer = s
+    d = g[i] + wd * p[i]
+    if use_buffer:
+        b = keep * buf[i] + mix * d
+        buf[i] = b
+        d = d + momentum * b if nesterov else b
+    p[i] -= lr * d
+
+
+def adam_update(i, p, g, m, v, s):
+    # s = (b1, 1-b1, b2, 1-b2, l2, decay, step_size, inv_sqrt_bc2, eps)
+    b1, c1, b2, c2, l2, decay, step_size, inv_sqrt_bc2, eps = s
+    gi = g[i] + l2 * p[i]
+    mi = b1 * m[i] + c1 * gi
+    vi = b2 * v[i] + c2 * gi * gi
+    m[i] = mi
+    v[i] = vi
+    p[i] = p[i] * decay - step_size * mi / (math.sqrt(vi) * inv_sqrt_bc2 + eps)
+
+
+register_jitable(sgd_update)
+register_jitable(adam_update)
+
+
+#: Parameters smaller than this update on one thread: waking the thread pool
+#: costs more than the pass itself (biases, Swish's beta, small layers).
+PARALLEL_MIN = 1 << 15
+
+
+def _kernels(update, name, n_state):
+    def k1(p, g, a, s):
+        for i in prange(p.size):
+            update(i, p, g, a, s)
+
+    def k2(p, g, a, b, s):
+        for i in prange(p.size):
+            update(i, p, g, a, b, s)
+
+    body = k1 if n_state == 1 else k2
+    made = []
+    for parallel in (True, False):
+        fn = type(body)(body.__code__, body.__globals__, body.__name__, None, body.__closure__)
+        # a unique qualname gives each kernel its own on-disk cache entry
+        fn.__name__ = fn.__qualname__ = f"{name}_{'parallel' if parallel else 'serial'}"
+        made.append(cpu_kernel(fn, parallel=parallel))
+    parallel_k, serial_k = made
+
+    def launch(p, *rest):
+        (parallel_k if p.size >= PARALLEL_MIN else serial_k)(p, *rest)
+
+    launch.__name__ = launch.__qualname__ = name
+    return launch
+
+
+sgd_step = _kernels(sgd_update, "sgd_step", 1)
+sgd_step.__doc__ = "Update the flat parameter ``p`` and its momentum buffer in place."
+adam_step = _kernels(adam_update, "adam_step", 2)
+adam_step.__doc__ = "Update the flat parameter ``p`` and its moments ``m``, ``v`` in place."

@@ -1,0 +1,46 @@
+"""CUDA kernels of the optimizers: the per-element updates of
+:mod:`nbops.cpu.optim` as device functions, in grid-stride loops over the
+flat parameter. Launchers have the CPU signatures.
+"""
+
+import types
+
+from numba import cuda
+
+from ..cpu import optim as _cpu
+from ._launch import grid_1d
+
+__all__ = ["sgd_step", "adam_step"]
+
+
+def _device(name):
+    fn = getattr(_cpu, name)
+    scope = dict(vars(_cpu))
+    return cuda.jit(device=True)(
+        types.FunctionType(fn.__code__, scope, name, fn.__defaults__, fn.__closure__))
+
+
+_sgd_update = _device("sgd_update")
+_adam_update = _device("adam_update")
+
+
+@cuda.jit
+def _sgd(p, g, buf, s):
+    for i in range(cuda.grid(1), p.size, cuda.gridsize(1)):
+        _sgd_update(i, p, g, buf, s)
+
+
+@cuda.jit
+def _adam(p, g, m, v, s):
+    for i in range(cuda.grid(1), p.size, cuda.gridsize(1)):
+        _adam_update(i, p, g, m, v, s)
+
+
+def sgd_step(p, g, buf, s):
+    if p.size:
+        _sgd[grid_1d(p.size)](p, g, buf, s)
+
+
+def adam_step(p, g, m, v, s):
+    if p.size:
+        _adam[grid_1d(p.size)](p, g, m, v, s)

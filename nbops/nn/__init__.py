@@ -1,0 +1,17 @@
+"""Neural-network building blocks on nbops operators: modules with
+PyTorch's parameter names, and losses.
+
+>>> import numpy as np, nbops
+>>> from nbops import nn
+>>> model = nn.Sequential(nn.Linear(4, 16, rng=0), nn.Swish(), nn.Linear(16, 3, rng=1))
+>>> loss = nn.cross_entropy(model(np.ones((8, 4), np.float32)), np.zeros(8, np.int64))
+>>> loss.backward()                     # gradients in model's parameters' .grad
+"""
+
+from .layers import GELU, Dropout, Linear, ReLU, Sigmoid, SiLU, Swish, Tanh
+from .losses import binary_cross_entropy_with_logits, cross_entropy, mse_loss
+from .module import Module, Parameter, Sequential
+
+__all__ = ["Module", "Parameter", "Sequential", "Linear", "ReLU", "GELU", "SiLU", "Sigmoid",
+           "Tanh", "Swish", "Dropout", "mse_loss", "cross_entropy",
+           "binary_cross_entropy_with_logits"]

@@ -1,0 +1,98 @@
+"""CPU kernels of the losses in :mod:`nbops.nn.losses`.
+
+Cross-entropy works row by row (one ``prange`` iteration per sample): the
+row's maximum, ``log(sum(exp(x - max)))`` and the target's logit give the
+loss, and the backward recomputes the softmax rather than storing it. The
+row functions are plain jitable Python that :mod:`nbops.nn.cuda` compiles
+again as device functions, so both devices share one formula.
+
+Binary cross-entropy with logits is elementwise; its kernels come from the
+activations' generators (flat and 2-D strided).
+"""
+
+import math
+
+from numba import prange
+from numba.extending import register_jitable
+
+from .._jit import cpu_kernel
+from ..cpu.activations import _binary_kernels, _launcher
+
+__all__ = ["cross_entropy", "cross_entropy_backward", "bce_with_logits",
+           "bce_with_logits_backward"]
+
+
+def row_max(x, i):
+    m = x[i, 0]
+    for j in range(1, x.shape[1]):
+        v = x[i, j]
+        # NaN wins, as in a NaN-propagating max
+        m = v if (v > m or v != v) else m
+    return m
+
+
+def row_sum_exp(x, i, m, zero):
+    s = zero
+    for j in range(x.shape[1]):
+        s += math.exp(x[i, j] - m)
+    return s
+
+
+def row_loss(x, t, i, zero):
+    m = row_max(x, i)
+    return m + math.log(row_sum_exp(x, i, m, zero)) - x[i, t[i]]
+
+
+def row_grad(x, t, grow, out, i, zero):
+    """``out[i] = grow[i] * (softmax(x[i]) - onehot(t[i]))``."""
+    m = row_max(x, i)
+    scale = grow[i] / row_sum_exp(x, i, m, zero)
+    for j in range(x.shape[1]):
+        out[i, j] = math.exp(x[i, j] - m) * scale
+    out[i, t[i]] -= grow[i]
+
+
+def bce_term(x, t, p, c):
+    # max(x, 0) - x t + log(1 + exp(-|x|)): no overflow for any x
+    return (x if x > c.zero else c.zero) - x * t + math.log1p(math.exp(-abs(x)))
+
+
+def bce_grad_term(x, t, p, c):
+    # sigmoid(x) - t, with the sigmoid from exp(-|x|)
+    e = math.exp(-abs(x))
+    s = c.one / (c.one + e)
+    return (s if x >= c.zero else e * s) - t
+
+
+for _f in (row_max, row_sum_exp, row_loss, row_grad, bce_term, bce_grad_term):
+    register_jitable(_f)
+del _f
+
+
+@cpu_kernel(parallel=True)
+def _ce_rows(x, t, out, zero):
+    for i in prange(x.shape[0]):
+        out[i] = row_loss(x, t, i, zero)
+
+
+@cpu_kernel(parallel=True)
+def _ce_grad_rows(x, t, grow, out, zero):
+    for i in prange(x.shape[0]):
+        row_grad(x, t, grow, out, i, zero)
+
+
+def cross_entropy(x, t, out):
+    """Per-sample losses ``out[i] = logsumexp(x[i]) - x[i, t[i]]``."""
+    _ce_rows(x, t, out, x.dtype.type(0))
+    return out
+
+
+def cross_entropy_backward(x, t, grow, out):
+    """``out = grow[:, None] * (softmax(x) - onehot(t))``."""
+    _ce_grad_rows(x, t, grow, out, x.dtype.type(0))
+    return out
+
+
+bce_with_logits = _launcher("bce_with_logits", _binary_kernels("bce_with_logits", bce_term))
+bce_with_logits_backward = _launcher(
+    "bce_with_logits_backward", _binary_kernels("bce_with_logits_backward", bce_grad_term))

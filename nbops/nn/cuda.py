@@ -1,0 +1,60 @@
+"""CUDA kernels of the losses in :mod:`nbops.nn.losses`: the row functions
+and elementwise terms of :mod:`nbops.nn.cpu`, compiled as device functions.
+Cross-entropy runs one thread per sample (grid-stride over rows); class
+counts are small next to batch sizes. Launchers have the CPU signatures.
+"""
+
+import types
+
+from numba import cuda
+
+from ..cuda._launch import grid_1d
+from ..cuda.activations import _binary_kernels, _launcher
+from . import cpu as _cpu
+
+__all__ = ["cross_entropy", "cross_entropy_backward", "bce_with_logits",
+           "bce_with_logits_backward"]
+
+
+def _device_functions():
+    # copies sharing one globals dict where each helper name is its device twin
+    scope = dict(vars(_cpu))
+    for name in ("row_max", "row_sum_exp", "row_loss", "row_grad", "bce_term",
+                 "bce_grad_term"):
+        fn = getattr(_cpu, name)
+        scope[name] = cuda.jit(device=True)(
+            types.FunctionType(fn.__code__, scope, name, fn.__defaults__, fn.__closure__))
+    return scope
+
+
+_D = _device_functions()
+_row_loss, _row_grad = _D["row_loss"], _D["row_grad"]
+
+
+@cuda.jit
+def _ce_rows(x, t, out, zero):
+    for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
+        out[i] = _row_loss(x, t, i, zero)
+
+
+@cuda.jit
+def _ce_grad_rows(x, t, grow, out, zero):
+    for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
+        _row_grad(x, t, grow, out, i, zero)
+
+
+def cross_entropy(x, t, out):
+    if x.shape[0]:
+        _ce_rows[grid_1d(x.shape[0])](x, t, out, x.dtype.type(0))
+    return out
+
+
+def cross_entropy_backward(x, t, grow, out):
+    if x.shape[0]:
+        _ce_grad_rows[grid_1d(x.shape[0])](x, t, grow, out, x.dtype.type(0))
+    return out
+
+
+bce_with_logits = _launcher("bce_with_logits", _binary_kernels(_D["bce_term"]))
+bce_with_logits_backward = _launcher("bce_with_logits_backward",
+                                     _binary_kernels(_D["bce_grad_term"]))
