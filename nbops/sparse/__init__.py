@@ -436,5 +436,5 @@ def to_dense(A, out=None):
     if data.dtype == np.int8:
         host = _dispatch.to_host(data).astype(np.float32) * np.float32(A.scale)
         data = host if A.device == _dispatch.CPU else _dispatch.to_device(host)
-    out = _checks.output(op, out, A.shape, data.dtype, A.device)
+    out = _checks.output(op, out, A.shape, data.dtype, A.device, {"A.data": data})
     return _kernel("to_dense", A.device)(data, A.indices, A.indptr, out)

@@ -1,0 +1,465 @@
+"""CSR sparse: the matrix type, every operator against scipy.sparse (the
+reference) on matrices with empty rows, one dense row holding most of the
+nonzeros, an empty matrix, duplicates and unsorted columns, for int32/int64
+indices and float32/float64 values; gradcheck for every backward; GraphConv
+against dense NumPy; CUDA (simulated) on small shapes; every error path."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import nbops
+from helpers import host, to_dev
+from nbops import sparse
+from nbops.autograd import gradcheck
+
+TOL = {np.float32: dict(rtol=2e-5, atol=2e-5), np.float64: dict(rtol=1e-12, atol=1e-12)}
+INDEX = [np.int32, np.int64]
+VALUES = [np.float32, np.float64]
+
+
+def random_csr(m, n, density, dtype=np.float64, index=np.int64, seed=0, kind="uniform"):
+    """A scipy CSR matrix: ``uniform`` random, ``skewed`` (one row holds most
+    of the nonzeros, the others are sparse with empty rows), or ``messy``
+    (unsorted columns and duplicates, not canonical)."""
+    rng = np.random.default_rng(seed)
+    if kind == "messy":
+        nnz = int(m * n * density) + 3
+        rows = rng.integers(0, m, nnz)
+        cols = rng.integers(0, n, nnz)
+        order = np.argsort(rows, kind="stable")
+        rows, cols = rows[order], cols[order]
+        ptr = np.zeros(m + 1, index)
+        np.cumsum(np.bincount(rows, minlength=m), out=ptr[1:])
+        S = sp.csr_array((rng.standard_normal(nnz).astype(dtype), cols.astype(index), ptr),
+                         shape=(m, n))
+        assert not S.has_canonical_format
+        return S
+    S = sp.random_array((m, n), density=density, format="lil", dtype=dtype, rng=rng)
+    if kind == "skewed" and m > 2:
+        S[m // 2, :] = rng.standard_normal(n).astype(dtype)
+        S[::3, :] = 0
+        S[m // 2, :] = rng.standard_normal(n).astype(dtype)
+    S = S.tocsr()
+    return sp.csr_array((S.data.astype(dtype), S.indices.astype(index),
+                         S.indptr.astype(index)), shape=(m, n))
+
+
+CASES = [  # (m, n, density, kind)
+    (0, 0, 0.0, "uniform"), (0, 7, 0.0, "uniform"), (6, 0, 0.0, "uniform"),
+    (5, 4, 0.0, "uniform"), (1, 1, 1.0, "uniform"), (37, 29, 0.1, "uniform"),
+    (300, 170, 0.02, "skewed"), (41, 23, 0.15, "messy"),
+]
+CASE_IDS = [f"{m}x{n}-{k}" for m, n, _, k in CASES]
+CUDA_CASES = [(0, 3, 0.0, "uniform"), (9, 7, 0.3, "skewed"), (11, 6, 0.3, "messy")]
+
+
+def _close(got, want, dtype):
+    np.testing.assert_allclose(host(got), want, **TOL[dtype])
+
+
+def _mat(S, device="cpu"):
+    A = sparse.from_scipy(S)
+    return A.to_device() if device == "cuda" else A
+
+
+def _cases(device):
+    return CASES if device == "cpu" else CUDA_CASES
+
+
+# ---------------------------------------------------------------------------
+# Kernels against scipy
+
+
+@pytest.mark.parametrize("index", INDEX)
+@pytest.mark.parametrize("dtype", VALUES)
+def test_mv_mm_against_scipy(dtype, index, device):
+    rng = np.random.default_rng(1)
+    for seed, (m, n, dens, kind) in enumerate(_cases(device)):
+        S = random_csr(m, n, dens, dtype, index, seed, kind)
+        A = _mat(S, device)
+        assert A.index_dtype == index and A.dtype == dtype
+        x = rng.standard_normal(n).astype(dtype)
+        y = sparse.mv(A, to_dev(x, device))
+        assert y.shape == (m,) and y.dtype == dtype
+        _close(y, S @ x, dtype)
+        for width in ((1, 3, 70) if device == "cpu" else (1, 5)):
+            B = rng.standard_normal((n, width)).astype(dtype)
+            _close(sparse.mm(A, to_dev(B, device)), S @ B, dtype)
+            # A.T @ B through the cached transposed structure
+            G = rng.standard_normal((m, width)).astype(dtype)
+            _close(A.T @ to_dev(G, device), S.T @ G, dtype)
+        assert A.T is A.T
+
+
+@pytest.mark.parametrize("index,dtype", [(np.int32, np.float64), (np.int64, np.float32)])
+def test_sddmm_softmax_scale_against_reference(dtype, index, device):
+    rng = np.random.default_rng(2)
+    for seed, (m, n, dens, kind) in enumerate(_cases(device)):
+        S = random_csr(m, n, dens, dtype, index, seed, kind)
+        A = _mat(S, device)
+        rows = np.repeat(np.arange(m), np.diff(S.indptr))
+        X = rng.standard_normal((m, 6)).astype(dtype)
+        Y = rng.standard_normal((n, 6)).astype(dtype)
+        got = sparse.sddmm(A, to_dev(X, device), to_dev(Y, device))
+        _close(got.data, np.einsum("kd,kd->k", X[rows], Y[S.indices]), dtype)
+        # softmax per row over the stored entries (duplicates count separately)
+        P = sparse.softmax(A)
+        want = np.empty(S.nnz)
+        for r in range(m):
+            v = S.data[S.indptr[r]:S.indptr[r + 1]].astype(np.float64)
+            want[S.indptr[r]:S.indptr[r + 1]] = np.exp(v - v.max()) / np.exp(v - v.max()).sum() \
+                if v.size else v
+        _close(P.data, want, dtype)
+        rs = rng.standard_normal(m).astype(dtype)
+        cs = rng.standard_normal(n).astype(dtype)
+        _close(sparse.scale_rows(A, to_dev(rs, device)).to_dense(),
+               (sp.diags_array(rs) @ S).toarray() if m else np.zeros((m, n)), dtype)
+        _close(sparse.scale_columns(A, to_dev(cs, device)).to_dense(),
+               (S @ sp.diags_array(cs)).toarray() if n else np.zeros((m, n)), dtype)
+
+
+def test_softmax_nan_and_large_values():
+    A = sparse.CSRMatrix(np.array([1000.0, 1001.0, np.nan, 1.0, -np.inf, 0.0]),
+                         np.array([0, 1, 0, 1, 0, 1]), np.array([0, 2, 4, 6]), (3, 2))
+    p = sparse.softmax(A).data
+    np.testing.assert_allclose(p[:2], [1 / (1 + np.e), np.e / (1 + np.e)])
+    assert np.isnan(p[2:4]).all()
+    np.testing.assert_allclose(p[4:], [0.0, 1.0])
+
+
+@pytest.mark.parametrize("index", INDEX)
+def test_structure_ops_against_scipy(index, device):
+    for seed, (m, n, dens, kind) in enumerate(_cases(device)):
+        S = random_csr(m, n, dens, np.float64, index, seed, kind)
+        A = _mat(S, device)
+        np.testing.assert_array_equal(host(A.to_dense()), S.toarray())
+        T = A.T
+        assert T.shape == (n, m) and T.device == device and T.index_dtype == index
+        np.testing.assert_array_equal(host(T.to_dense()), S.T.toarray())
+        np.testing.assert_array_equal(host(A.row_lengths()), np.diff(S.indptr))
+        C = A.sum_duplicates()
+        assert C.has_canonical_format and C.index_dtype == index
+        Sc = S.copy()
+        Sc.sum_duplicates()
+        np.testing.assert_array_equal(host(C.indptr), Sc.indptr)
+        np.testing.assert_array_equal(host(C.indices), Sc.indices)
+        np.testing.assert_allclose(host(raw_data(C)), Sc.data, rtol=1e-14)
+        s = A.sort_indices()
+        assert s.nnz == A.nnz
+        for r in range(m):
+            cols = host(s.indices)[S.indptr[r]:S.indptr[r + 1]]
+            assert np.all(np.diff(cols) >= 0)
+        np.testing.assert_array_equal(host(s.to_dense()), S.toarray())
+        D = sparse.add(A, A.sort_indices(), 2.0, -0.5)
+        assert D.has_canonical_format
+        np.testing.assert_allclose(host(D.to_dense()), 1.5 * S.toarray(), atol=1e-12)
+        assert A.has_canonical_format == (kind != "messy")
+
+
+def raw_data(A):
+    return A.data
+
+
+def test_add_union_of_patterns(device):
+    S1 = random_csr(13, 9, 0.2, seed=1)
+    S2 = random_csr(13, 9, 0.2, seed=2, kind="messy")
+    S2 = sp.csr_array((S2.data, S2.indices.astype(np.int64), S2.indptr.astype(np.int64)),
+                      shape=S2.shape)
+    got = sparse.add(_mat(S1, device), _mat(S2, device), 1.0, 3.0)
+    want = (S1 + 3.0 * S2).tocsr()
+    want.sum_duplicates()
+    np.testing.assert_allclose(host(got.to_dense()), want.toarray(), atol=1e-12)
+    assert got.nnz == want.nnz  # explicit zeros from cancellation are kept, none here
+
+
+def test_from_coo_sums_duplicates_and_sorts():
+    rng = np.random.default_rng(3)
+    for index in INDEX:
+        ij = rng.integers(0, 6, (2, 40)).astype(index)
+        v = rng.standard_normal(40)
+        A = sparse.from_coo(ij, v, (6, 7))
+        want = sp.coo_array((v, (ij[0], ij[1])), shape=(6, 7)).tocsr()
+        want.sum_duplicates()
+        assert A.has_canonical_format and A.index_dtype == index
+        np.testing.assert_array_equal(A.indptr, want.indptr)
+        np.testing.assert_array_equal(A.indices, want.indices)
+        np.testing.assert_allclose(A.data, want.data, rtol=1e-14)
+    E = sparse.from_coo(np.zeros((2, 0), np.int64), np.zeros(0), (3, 4))
+    assert E.nnz == 0 and E.to_dense().shape == (3, 4)
+    assert sparse.from_coo(ij, v, (6, 7), index_dtype=np.int32).index_dtype == np.int32
+
+
+def test_conversions(device):
+    d = np.array([[0, 1.5, 0], [0, 0, 0], [np.nan, 0, -2]], np.float32)
+    A = sparse.from_dense(to_dev(d, device))
+    assert A.device == device and A.nnz == 3
+    np.testing.assert_array_equal(host(A.to_dense()), d)
+    S = A.to_scipy()
+    assert S.format == "csr" and S.nnz == 3
+    H = A.to_host()
+    if device == "cpu":
+        assert H is A and np.shares_memory(S.data, A.data)
+        B = sparse.from_scipy(S)
+        assert np.shares_memory(B.data, S.data) and np.shares_memory(B.indices, S.indices)
+    else:
+        assert H.device == "cpu" and H.to_device().device == "cuda"
+    coo = sp.coo_array(([1.0, 2.0], ([0, 1], [1, 0])), shape=(2, 2))
+    np.testing.assert_array_equal(sparse.from_scipy(coo).to_dense(), coo.toarray())
+    out = to_dev(np.full((3, 3), 7, np.float32), device)
+    assert sparse.to_dense(A, out=out) is out
+    assert "3x3" in repr(A) and "nnz=3" in repr(A)
+
+
+def test_int8_values_with_scale():
+    rng = np.random.default_rng(4)
+    S = random_csr(10, 8, 0.4, seed=4)
+    q = rng.integers(-127, 128, S.nnz).astype(np.int8)
+    A = sparse.CSRMatrix(q, S.indices, S.indptr, S.shape, scale=0.05)
+    W = sp.csr_array((q.astype(np.float64) * 0.05, S.indices, S.indptr), shape=S.shape)
+    x = rng.standard_normal(8).astype(np.float32)
+    _close(sparse.mv(A, x), W @ x, np.float32)
+    B = rng.standard_normal((8, 5)).astype(np.float32)
+    _close(A @ B, W @ B, np.float32)
+    _close(A.to_dense(), W.toarray(), np.float32)
+    _close(A.to_scipy().toarray(), W.toarray(), np.float32)
+
+
+def test_out_argument():
+    S = random_csr(7, 5, 0.4)
+    A = sparse.from_scipy(S)
+    out = np.empty(7)
+    assert sparse.mv(A, np.ones(5), out=out) is out
+    np.testing.assert_allclose(out, S @ np.ones(5))
+    out = np.empty((7, 2))
+    assert sparse.mm(A, np.ones((5, 2)), out=out) is out
+    # strided dense operands are accepted
+    B = np.arange(20.0).reshape(5, 4)[:, ::2]
+    np.testing.assert_allclose(sparse.mm(A, B), S @ B)
+
+
+def test_large_rows_split_across_chunks():
+    """One row holding nearly all nonzeros is split between threads (carries)."""
+    m, n = 50, 40_000
+    rng = np.random.default_rng(5)
+    S = sp.lil_array((m, n), dtype=np.float64)
+    S[7, :] = rng.standard_normal(n)
+    S[8, :100] = 1.0
+    S = S.tocsr()
+    A = sparse.from_scipy(S)
+    x = rng.standard_normal(n)
+    np.testing.assert_allclose(sparse.mv(A, x), S @ x, rtol=1e-10)
+    B = rng.standard_normal((n, 3))
+    np.testing.assert_allclose(sparse.mm(A, B), S @ B, rtol=1e-10)
+    np.testing.assert_allclose(A.T.to_dense(), S.T.toarray())
+
+
+# ---------------------------------------------------------------------------
+# Gradients (float64 finite differences)
+
+
+def _tensor(x):
+    return nbops.Tensor(x, requires_grad=True)
+
+
+def test_gradcheck_all_backwards():
+    S = random_csr(9, 7, 0.35, seed=6, kind="skewed")
+    A = sparse.from_scipy(S)
+    rng = np.random.default_rng(6)
+    d = _tensor(A.data.copy())
+    B = _tensor(rng.standard_normal((7, 3)))
+    x = _tensor(rng.standard_normal(7))
+    G = _tensor(rng.standard_normal((9, 3)))
+    X = _tensor(rng.standard_normal((9, 4)))
+    Y = _tensor(rng.standard_normal((7, 4)))
+    s = rng.uniform(0.5, 2, 9)
+    assert gradcheck(lambda d, B: sparse.mm(A.with_data(d), B), [d, B])
+    assert gradcheck(lambda d, x: sparse.mv(A.with_data(d), x), [d, x])
+    assert gradcheck(lambda d, G: sparse.mm(A.with_data(d).T, G), [d, G])
+    assert gradcheck(lambda X, Y: sparse.sddmm(A, X, Y).data, [X, Y])
+    assert gradcheck(lambda d: sparse.softmax(A.with_data(d)).data, [d])
+    assert gradcheck(lambda d: sparse.scale_rows(A.with_data(d), s).data, [d])
+    # graph attention: scores, softmax over each row, aggregation
+    assert gradcheck(lambda X, Y, B: sparse.mm(sparse.softmax(sparse.sddmm(A, X, Y)), B),
+                     [X, Y, B])
+
+
+def test_gradcheck_cuda():
+    S = random_csr(5, 4, 0.5, seed=7)
+    A = sparse.from_scipy(S).to_device()
+    rng = np.random.default_rng(7)
+    d = _tensor(to_dev(S.data.copy(), "cuda"))
+    B = _tensor(to_dev(rng.standard_normal((4, 2)), "cuda"))
+    assert gradcheck(lambda d, B: sparse.mm(A.with_data(d), B), [d, B])
+    X = _tensor(to_dev(rng.standard_normal((5, 2)), "cuda"))
+    assert gradcheck(lambda d, X: sparse.softmax(
+        sparse.sddmm(A, X, B.data)).data * d, [d, X])
+
+
+def test_values_tensor_flows_through_csrmatrix():
+    S = random_csr(6, 6, 0.4, seed=8)
+    w = _tensor(S.data.copy())
+    A = sparse.CSRMatrix(w, S.indices, S.indptr, S.shape)
+    y = sparse.mv(A, np.ones(6))
+    assert isinstance(y, nbops.Tensor)
+    y.sum().backward()
+    rows = np.repeat(np.arange(6), np.diff(S.indptr))
+    np.testing.assert_allclose(w.grad, np.ones(S.nnz))
+    assert rows.size == S.nnz
+    assert A.to_device().to_host().shape == A.shape
+
+
+# ---------------------------------------------------------------------------
+# GraphConv
+
+
+def test_graphconv_against_dense():
+    from nbops.nn.graph import GraphConv
+
+    S = random_csr(15, 15, 0.2, seed=9)
+    S = ((S + S.T) != 0).astype(np.float64)
+    adj = sparse.gcn_norm(sparse.from_scipy(sp.csr_array(S)))
+    Ad = S.toarray() + np.eye(15)
+    dinv = 1 / np.sqrt(Ad.sum(1))
+    Ahat = dinv[:, None] * Ad * dinv[None, :]
+    np.testing.assert_allclose(adj.to_dense(), Ahat, rtol=1e-12)
+    layer = GraphConv(4, 3, dtype=np.float64, rng=0)
+    x = _tensor(np.random.default_rng(9).standard_normal((15, 4)))
+    y = layer(adj, x)
+    W, b = layer.weight.data, layer.bias.data
+    np.testing.assert_allclose(y.data, Ahat @ x.data @ W.T + b, rtol=1e-12)
+    y.sum().backward()
+    ones = np.ones((15, 3))
+    np.testing.assert_allclose(x.grad, Ahat.T @ ones @ W, rtol=1e-12)
+    np.testing.assert_allclose(layer.weight.grad, (Ahat.T @ ones).T @ x.data, rtol=1e-12)
+    np.testing.assert_allclose(layer.bias.grad, ones.sum(0))
+    with nbops.no_grad():
+        assert isinstance(layer(adj, x.data), np.ndarray)
+    with pytest.raises(TypeError, match="CSRMatrix"):
+        layer(Ahat, x)
+    with pytest.raises(ValueError, match="adj"):
+        layer(adj, x.data[:5])
+    with pytest.raises(ValueError, match="positive"):
+        GraphConv(0, 3)
+
+
+# ---------------------------------------------------------------------------
+# Errors
+
+P = dict(data=np.ones(3), indices=np.array([0, 2, 1]), indptr=np.array([0, 2, 3]),
+         shape=(2, 3))
+
+
+def _build(**over):
+    kw = {**P, **over}
+    return sparse.CSRMatrix(kw["data"], kw["indices"], kw["indptr"], kw["shape"],
+                            **{k: v for k, v in over.items() if k in ("scale", "check")})
+
+
+@pytest.mark.parametrize("over,exc,match", [
+    (dict(indptr=np.array([1, 2, 3])), ValueError, r"indptr\[0\] must be 0"),
+    (dict(indptr=np.array([0, 3, 2, 3]), shape=(3, 3)), ValueError,
+     r"indptr\[1\] = 3 > indptr\[2\] = 2 \(row 1\)"),
+    (dict(indptr=np.array([0, 2, 2])), ValueError, r"indptr\[-1\] must equal nnz = 3"),
+    (dict(indices=np.array([0, 3, 1])), ValueError, r"indices\[1\] = 3 \(row 0\)"),
+    (dict(indices=np.array([0, 1, -1])), ValueError, r"indices\[2\] = -1 \(row 1\)"),
+    (dict(indices=np.array([0, 1])), ValueError, "'indices' has 2 entries"),
+    (dict(indptr=np.array([0, 3])), ValueError, "rows \\+ 1 = 3"),
+    (dict(indices=np.array([0, 2, 1], np.int32)), TypeError, "one index dtype"),
+    (dict(indices=np.array([0., 2., 1.])), TypeError, "'indices' must be a int32 or int64"),
+    (dict(data=np.ones(3, np.int16)), TypeError, "'data'"),
+    (dict(data=np.ones((3, 1))), ValueError, "'data' must be 1-D"),
+    (dict(data="abc"), TypeError, "'data' must be an array"),
+    (dict(shape=(2,)), TypeError, "pair of ints"),
+    (dict(shape=(2, -3)), ValueError, "non-negative"),
+    (dict(data=np.ones(3, np.int8)), ValueError, "need a 'scale'"),
+    (dict(scale=0.5), ValueError, "only for int8"),
+    (dict(data=np.ones(3, np.int8), scale=0.0), ValueError, "'scale' must be > 0"),
+])
+def test_construction_errors(over, exc, match):
+    with pytest.raises(exc, match=match):
+        _build(**over)
+
+
+def test_check_false_skips_content_checks_only():
+    A = _build(indices=np.array([0, 9, 1]), check=False)
+    assert A.nnz == 3
+    with pytest.raises(ValueError, match="'indices' has 2"):
+        _build(indices=np.array([0, 1]), check=False)
+
+
+def test_int32_overflow():
+    big = np.broadcast_to(np.int32(0), (2 ** 31 + 1,))  # no memory behind it
+    with pytest.raises(ValueError, match="int32 indices cannot address"):
+        sparse.CSRMatrix(np.ones(0), np.zeros(0, np.int32), big, (2 ** 31, 1))
+    with pytest.raises(ValueError, match="use int64"):
+        sparse.from_coo(np.zeros((2, 1), np.int32), np.ones(1), (2 ** 31, 2))
+
+
+def test_operator_errors(device):
+    A = _mat(random_csr(4, 3, 0.5, seed=10), device)
+    d = lambda x: to_dev(x, device)  # noqa: E731
+    cases = [
+        (lambda: sparse.mv(A, d(np.ones(4))), ValueError, "'x' must have 3 entries"),
+        (lambda: sparse.mv(A, d(np.ones((3, 1)))), ValueError, "'x' must be 1-D"),
+        (lambda: sparse.mv(A, d(np.ones(3, np.float32))), TypeError, "cast one"),
+        (lambda: sparse.mv(A, d(np.ones(3, np.int64))), TypeError, "'x' must be a float32"),
+        (lambda: sparse.mm(A, d(np.ones((4, 2)))), ValueError, "'B' must have 3 rows"),
+        (lambda: sparse.mm(A, d(np.ones((3, 2))), out=d(np.ones((4, 3)))), ValueError, "out"),
+        (lambda: sparse.mm(np.ones((4, 3)), d(np.ones((3, 2)))), TypeError, "CSRMatrix"),
+        (lambda: A @ d(np.ones((3, 2, 1))), TypeError, "1-D or 2-D"),
+        (lambda: sparse.sddmm(A, d(np.ones((4, 2))), d(np.ones((3, 3)))), ValueError, "X must"),
+        (lambda: sparse.sddmm(A, d(np.ones((4, 2))), d(np.ones((3, 2), np.float32))),
+         TypeError, "cast one"),
+        (lambda: sparse.scale_rows(A, d(np.ones(3))), ValueError, "'row_scale' must have 4"),
+        (lambda: sparse.add(A, _mat(random_csr(4, 4, 0.5), device)), ValueError,
+         "shapes differ"),
+        (lambda: sparse.add(A, _mat(random_csr(4, 3, 0.5, index=np.int32), device)),
+         TypeError, "but B has int32"),
+        (lambda: sparse.add(A, A, alpha=float("nan")), ValueError, "'alpha'"),
+        (lambda: sparse.gcn_norm(A), ValueError, "square"),
+        (lambda: sparse.gather(d(np.ones(3)), d(np.arange(4))), ValueError, "one length"),
+    ]
+    for fn, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            fn()
+
+
+def test_mixed_devices_and_host_only_paths():
+    S = random_csr(4, 3, 0.5, seed=11)
+    A = sparse.from_scipy(S)
+    Ad = A.to_device()
+    with pytest.raises(TypeError, match="different devices"):
+        sparse.mv(A, to_dev(np.ones(3), "cuda"))
+    with pytest.raises(TypeError, match="different devices"):
+        sparse.mm(Ad, np.ones((3, 2)))
+    with pytest.raises(TypeError, match="different devices"):
+        sparse.add(A, Ad)
+    with pytest.raises(TypeError, match="different devices"):
+        sparse.CSRMatrix(to_dev(S.data, "cuda"), S.indices, S.indptr, S.shape)
+    with pytest.raises(TypeError, match="host array"):
+        sparse.from_coo(to_dev(np.zeros((2, 1), np.int64), "cuda"), np.ones(1), (2, 2))
+
+
+def test_from_coo_and_conversion_errors():
+    ij = np.array([[0, 1], [1, 5]])
+    with pytest.raises(ValueError, match="entry 1 has column 5"):
+        sparse.from_coo(ij, np.ones(2), (2, 3))
+    with pytest.raises(ValueError, match="entry 0 has row -1"):
+        sparse.from_coo(np.array([[-1], [0]]), np.ones(1), (2, 3))
+    with pytest.raises(ValueError, match=r"shape \(2, nnz\)"):
+        sparse.from_coo(np.zeros((3, 2), np.int64), np.ones(2), (2, 3))
+    with pytest.raises(ValueError, match="'values' must have shape"):
+        sparse.from_coo(ij[:, :1], np.ones(2), (2, 6))
+    with pytest.raises(TypeError, match="index_dtype"):
+        sparse.from_coo(ij, np.ones(2), (2, 6), index_dtype=np.int16)
+    with pytest.raises(TypeError, match="scipy.sparse"):
+        sparse.from_scipy(np.eye(2))
+    with pytest.raises(ValueError, match="2-D"):
+        sparse.from_dense(np.ones(3))
+    A = sparse.from_dense(np.eye(3))
+    with pytest.raises(ValueError, match="shape"):
+        A.with_data(np.ones(2))
+    w = _tensor(np.ones(3))
+    with pytest.raises(TypeError, match="not differentiable"):
+        sparse.add(A.with_data(w), A)
