@@ -24,6 +24,8 @@ def main(argv=None):
     p.add_argument("--dtype", default="float32")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--tile", type=int, default=None, help="override cpu.tensor.TILE")
+    p.add_argument("--only", default="", help="time only cases containing this text "
+                   "(the copy and NumPy a.T baselines always run)")
     args = p.parse_args(argv)
     if args.tile is not None:
         os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="nbops-tile-")
@@ -56,6 +58,8 @@ def main(argv=None):
         "numpy ascontiguousarray(a[:, ::2])": lambda: np.ascontiguousarray(strided),
         "nbops.contiguous(a[:, ::2])": lambda: nbops.contiguous(strided),
     }
+    keep = ("copy (prange)", "numpy ascontiguousarray(a.T)")
+    cases = {k: f for k, f in cases.items() if args.only in k or k in keep}
     for f in cases.values():  # compile and fault in every page before timing
         f()
     assert np.array_equal(nbops.transpose(a), a.T)

@@ -21,15 +21,18 @@ Loop shapes:
 """
 
 import numpy as np
-from numba import prange
+from numba import get_num_threads, prange
 
 from .._jit import cpu_kernel
 
 __all__ = ["strided_copy"]
 
-#: Tile edge of the transpose kernel, in elements. 64 gave the best 8192^2
-#: float32 transpose of {32, 64, 128} (tools/bench_tensor.py).
-TILE = 64
+#: Tile edge of the transpose kernel, in elements (see tools/bench_tensor.py
+#: and the module notes for the measurements behind it).
+TILE = 256
+#: Padding of a buffer row, in elements, so that walking a buffer column
+#: does not land every row in the same cache sets.
+PAD = 16
 #: Elements per work item when a copy has fewer rows than threads can share.
 CHUNK = 1 << 15
 
@@ -51,7 +54,7 @@ def strided_copy(dst, doff, dstr, src, soff, sstr, shape, axis):
     dstr = np.asarray(dstr, np.int64)
     sstr = np.asarray(sstr, np.int64)
     if axis >= 0:
-        _tiles(dst, doff, dstr, src, soff, sstr, shape, axis)
+        _tiles(dst, doff, dstr, src, soff, sstr, shape, axis, 4 * get_num_threads())
     elif shape.size == 1 and dstr[0] == 1 and sstr[0] == 1:
         _flat(dst[doff:doff + shape[0]], src[soff:soff + shape[0]])
     else:
@@ -107,7 +110,7 @@ def _rows(dst, doff, dstr, src, soff, sstr, shape, chunk):
 
 
 @cpu_kernel(parallel=True)
-def _tiles(dst, doff, dstr, src, soff, sstr, shape, k):
+def _tiles(dst, doff, dstr, src, soff, sstr, shape, k, items):
     last = shape.size - 1
     nk = shape[k]
     nl = shape[last]
@@ -120,21 +123,27 @@ def _tiles(dst, doff, dstr, src, soff, sstr, shape, k):
             batch *= shape[a]
     dk = dstr[k]
     sl = sstr[last]
-    for u in prange(batch * per):
-        b = u // per
-        t = u - b * per
-        ti = t // tl
-        i0 = ti * TILE
-        j0 = (t - ti * tl) * TILE
-        ni = min(TILE, nk - i0)
-        nj = min(TILE, nl - j0)
-        do, so = _offsets(b, shape, dstr, sstr, doff, soff, k, last)
-        buf = np.empty((TILE, TILE), dst.dtype)
-        for jj in range(nj):
-            s = so + (j0 + jj) * sl + i0
-            for ii in range(ni):
-                buf[jj, ii] = src[s + ii]
-        for ii in range(ni):
-            d = do + (i0 + ii) * dk + j0
+    tiles = batch * per
+    # One buffer per work item, each item a run of consecutive tiles (the
+    # tiles of a band of destination rows, mostly); the launcher asks for a
+    # few items per thread to even out the edges.
+    items = min(tiles, items)
+    for w in prange(items):
+        buf = np.empty((TILE, TILE + PAD), dst.dtype)
+        for u in range(w * tiles // items, (w + 1) * tiles // items):
+            b = u // per
+            t = u - b * per
+            ti = t // tl
+            i0 = ti * TILE
+            j0 = (t - ti * tl) * TILE
+            ni = min(TILE, nk - i0)
+            nj = min(TILE, nl - j0)
+            do, so = _offsets(b, shape, dstr, sstr, doff, soff, k, last)
             for jj in range(nj):
-                dst[d + jj] = buf[jj, ii]
+                s = so + (j0 + jj) * sl + i0
+                for ii in range(ni):
+                    buf[jj, ii] = src[s + ii]
+            for ii in range(ni):
+                d = do + (i0 + ii) * dk + j0
+                for jj in range(nj):
+                    dst[d + jj] = buf[jj, ii]
