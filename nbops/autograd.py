@@ -118,7 +118,7 @@ class Context:
     def __init__(self):
         self.needs_input_grad = ()
         self._saved = ()
-        self._versions = ()      # (position in saved, tensor, version when saved)
+        self._versions = ()      # (what, tensor, version when saved)
         self._name = ""
         self._freed = False
 
@@ -164,11 +164,11 @@ class OperatorContext:
 
 
 def _check_versions(name, versions):
-    for pos, tensor, version in versions:
+    for what, tensor, version in versions:
         if tensor._version != version:
             raise RuntimeError(
-                f"{name}: saved tensor {pos} (shape {tuple(tensor.shape)}) was modified in "
-                f"place after it was saved for backward (its version is {tensor._version}, "
+                f"{name}: {what} (shape {tuple(tensor.shape)}), saved for backward, was modified in "
+                f"place afterwards (its version is {tensor._version}, "
                 f"it was saved at version {version}); change it only after backward, or "
                 "work on a copy")
 
@@ -525,7 +525,7 @@ def _apply_function(cls, args, kwargs):
     wrapped = _wrap_outputs(out, node)
     # saved arrays -> the tensors they belong to, for the version check
     owners = [a for a in args if _is_tensor(a)] + _output_tensors(wrapped)
-    ctx._versions = tuple((i, t, t._version) for i, v in enumerate(ctx._saved)
+    ctx._versions = tuple((f"saved tensor {i}", t, t._version) for i, v in enumerate(ctx._saved)
                           for t in owners if t.data is v)
     return wrapped
 
@@ -585,8 +585,8 @@ def apply_operator(op, args, kwargs):
     node = _Node(op.name, op.backward or _no_backward(op.name), ctx, parents, len(inputs),
                  exact=False)
     wrapped = _wrap_outputs(out, node)
-    checked = (list(tensors) if "inputs" in op.save else []) + \
-        ([(-1, t) for t in _output_tensors(wrapped)] if "output" in op.save else [])
+    checked = ([(f"input {p}", t) for p, t in tensors] if "inputs" in op.save else []) + \
+        ([("its output", t) for t in _output_tensors(wrapped)] if "output" in op.save else [])
     ctx._versions = tuple((p, t, t._version) for p, t in checked)
     return wrapped
 
@@ -721,10 +721,11 @@ def _run_node(node, out_grads, pending, delivered):
     if not isinstance(result, (tuple, list)):
         result = (result,)
     n = len(result)
-    if n > node.n_inputs or (node.exact and n != node.n_inputs):
+    extra_not_none = any(g is not None for g in result[node.n_inputs:])
+    if extra_not_none or (node.exact and n < node.n_inputs):
         raise RuntimeError(
             f"{node.name}.backward returned {n} gradient(s), expected {node.n_inputs} "
-            "(one per forward input, None where there is none)")
+            "(one per forward input, None where there is none; extra ones must be None)")
     for (pos, parent), (_, meta) in zip(node.parents, node.inputs_meta):
         g = result[pos] if pos < n else None
         if g is None:

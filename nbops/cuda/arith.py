@@ -7,8 +7,9 @@ shape, which the shared layout driver splits into 2-D blocks. Launchers
 have the CPU module's signatures.
 
 Reductions copy the input into a contiguous ``(kept, reduced)`` matrix
-(reduced axes last) and sum each row with one block: threads stride over the
-row, accumulate in float64, then combine in shared memory.
+(reduced axes last) and sum each row in float64: short rows with one thread
+each, long rows with one block (threads stride over the row, then combine
+in shared memory).
 """
 
 import math
@@ -149,6 +150,21 @@ def _reduce_rows(x, out, scale):
         cuda.syncthreads()
 
 
+@cuda.jit
+def _reduce_short_rows(x, out, scale):
+    # one thread per row: no shared memory or barriers for short rows
+    for row in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
+        acc = 0.0
+        for j in range(x.shape[1]):
+            acc += x[row, j]
+        out[row] = acc * scale
+
+
+#: Rows up to this length are summed by one thread each (a block per row
+#: would leave most of its threads idle).
+SHORT_ROW = 64
+
+
 def _reduce(x, axes, out, mean):
     kept = [i for i in range(x.ndim) if i not in axes]
     n_kept = int(np.prod([x.shape[i] for i in kept]))
@@ -162,8 +178,11 @@ def _reduce(x, axes, out, mean):
     if n_red:
         copy(perm, rows.reshape(tuple(perm.shape)) if perm.ndim else rows)
     scale = (1.0 / n_red if n_red else math.nan) if mean else 1.0
-    blocks, _ = grid_1d(n_kept * THREADS)
-    _reduce_rows[blocks, THREADS](rows, out.reshape(n_kept), scale)
+    if n_red <= SHORT_ROW:
+        _reduce_short_rows[grid_1d(n_kept)](rows, out.reshape(n_kept), scale)
+    else:
+        blocks, _ = grid_1d(n_kept * THREADS)
+        _reduce_rows[blocks, THREADS](rows, out.reshape(n_kept), scale)
     return out
 
 
