@@ -71,11 +71,12 @@ def _flat(dst, src):
         dst[i] = src[i]
 
 
-@cpu_kernel
-def _offsets(u, shape, dstr, sstr, doff, soff, skip0, skip1):
-    # C-order multi-index of ``u`` over the axes other than skip0/skip1
-    # (the ones the caller loops over itself), turned into two offsets.
-    for k in range(shape.size - 1, -1, -1):
+def offsets(u, shape, dstr, sstr, doff, soff, skip0, skip1):
+    """Destination and source offsets of the C-order multi-index ``u`` over
+    the axes other than ``skip0``/``skip1`` (those the caller loops over
+    itself). Plain Python, compiled here for the CPU and by the CUDA module
+    as a device function."""
+    for k in range(len(shape) - 1, -1, -1):
         if k == skip0 or k == skip1:
             continue
         q = u // shape[k]
@@ -84,6 +85,9 @@ def _offsets(u, shape, dstr, sstr, doff, soff, skip0, skip1):
         doff += i * dstr[k]
         soff += i * sstr[k]
     return doff, soff
+
+
+_offsets = cpu_kernel(offsets)
 
 
 @cpu_kernel(parallel=True)

@@ -19,6 +19,7 @@ The buffers arrive as flat arrays of an unsigned type of the element's width
 import numba
 from numba import cuda
 
+from ..cpu.tensor import offsets
 from ._launch import TILE, TILE_ROWS, grid_1d, grid_tiles_3d
 
 __all__ = ["strided_copy"]
@@ -44,17 +45,7 @@ def strided_copy(dst, doff, dstr, src, soff, sstr, shape, axis):
     return dst
 
 
-@cuda.jit(device=True)
-def _offsets(u, shape, dstr, sstr, doff, soff, skip0, skip1):
-    for k in range(len(shape) - 1, -1, -1):
-        if k == skip0 or k == skip1:
-            continue
-        q = u // shape[k]
-        i = u - q * shape[k]
-        u = q
-        doff += i * dstr[k]
-        soff += i * sstr[k]
-    return doff, soff
+_offsets = cuda.jit(device=True)(offsets)
 
 
 @cuda.jit
