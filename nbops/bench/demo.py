@@ -63,7 +63,9 @@ def run_demo(quick=False, devices=("cpu", "cuda"), only=None, write=print):
                                   if targets and targets[-1][0] == "cuda" else ""))
     failures = 0
     families = {}
-    for case in harness.select(only):
+    demo_families = {family for family, _ in harness.demos()}
+    case_patterns = [p for p in only or () if p not in demo_families]
+    for case in harness.select(case_patterns) if case_patterns or not only else ():
         families.setdefault(case.family, ([], []))[0].append(case)
     for family, step in harness.demos():
         if not only or family in only:
