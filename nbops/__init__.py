@@ -31,6 +31,7 @@ from . import autotune  # noqa: F401,E402  (callable module: nbops.autotune(...)
 from .tensor import *  # noqa: F401,F403
 from .tensor import __all__ as _tensor_all
 from .fusion import fuse  # noqa: F401
+from . import profiler  # noqa: F401
 from .arith import (  # noqa: F401
     add, sub, mul, div, pow, neg, exp, log, sum, mean, expand, sum_to,
 )
