@@ -103,7 +103,8 @@ def _operand(op, name, x, batch_shape):
     lead = shape[:-2]
     own = np.tensordot(np.indices(lead, dtype=np.int64), np.asarray(st[:-2], np.int64),
                        axes=(0, 0)) if lead else np.zeros((), np.int64)
-    offsets = np.ascontiguousarray(np.broadcast_to(own - lo, batch_shape).reshape(-1))
+    # a fresh writable array: read-only offsets would compile a second signature
+    offsets = np.array(np.broadcast_to(own - lo, batch_shape).reshape(-1), np.int64)
     return buf, offsets, st[-2], st[-1]
 
 

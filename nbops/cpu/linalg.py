@@ -36,6 +36,8 @@ row blocks to feed every thread (linear layers with a small batch).
 whole product per task.
 """
 
+import types
+
 import numpy as np
 from numba import get_num_threads, prange
 from numba.extending import register_jitable
@@ -144,113 +146,131 @@ def _epilogue_tile(outf, coff, ldc, rows, cols, bias, bcol, act, prm, cst):
             outf[r + j] = _apply_epilogue(v, act, prm, cst)
 
 
+# The drivers below are templates: _make_drivers copies them per register
+# tile with MR, NR and the micro-kernel bound as globals (Numba freezes
+# globals as constants). Globals rather than closures keep the on-disk cache
+# valid across processes: Numba keys a closure's cache entry on a pickle of
+# its cells, which differs in every process for a dispatcher cell.
+MR = NR = 0
+_micro = _macro = _fill = None
+
+
+def _macro_t(abuf, a_off, sam, sak, bpack, jr0, jr1, nc, outf, c_off, ldc, mc, kc,
+             first, last, apack, scratch, bias, bcol, act, prm, cst):
+    # C[mc x nc block] (+)= A[mc x kc] @ Bpanel[kc x slivers jr0..jr1)
+    zero = cst.zero
+    _pack_a(abuf, a_off, sam, sak, mc, kc, MR, apack, zero)
+    epilogue = last and (act != 0 or bias.size > 0)
+    # runtime values, not literals: literal arguments would compile a
+    # second specialisation of the micro-kernel
+    s_ld = scratch.size // MR
+    s_off = 0 * s_ld
+    s_first = s_ld > 0
+    for jr in range(jr0, jr1):
+        cols = min(NR, nc - jr * NR)
+        for ir in range((mc + MR - 1) // MR):
+            rows = min(MR, mc - ir * MR)
+            coff = c_off + ir * MR * ldc + jr * NR
+            if rows == MR and cols == NR:
+                _micro(kc, apack[ir], bpack[jr], outf, coff, ldc, first, zero)
+            else:
+                _micro(kc, apack[ir], bpack[jr], scratch, s_off, s_ld, s_first, zero)
+                for i in range(rows):
+                    for j in range(cols):
+                        if first:
+                            outf[coff + i * ldc + j] = scratch[i * NR + j]
+                        else:
+                            outf[coff + i * ldc + j] += scratch[i * NR + j]
+            if epilogue:
+                _epilogue_tile(outf, coff, ldc, rows, cols, bias, bcol + jr * NR,
+                               act, prm, cst)
+
+
+def _fill_t(outf, c_off, m, n, bias, act, prm, cst):
+    # k == 0: C = act(0 + bias)
+    for i in range(m):
+        for j in range(n):
+            outf[c_off + i * n + j] = cst.zero
+    _epilogue_tile(outf, c_off, n, m, n, bias, 0, act, prm, cst)
+
+
+def _tiles_t(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, outf, nbatch, m, n, k,
+             bias, act, prm, cst, MC, KC, NC, nthreads):
+    zero = cst.zero
+    bpack = np.empty(((min(NC, n) + NR - 1) // NR, KC, NR), outf.dtype)
+    nmc = (m + MC - 1) // MC
+    for bi in range(nbatch):
+        c0 = bi * m * n
+        if k == 0:
+            _fill(outf, c0, m, n, bias, act, prm, cst)
+            continue
+        for jc in range(0, n, NC):
+            nc = min(NC, n - jc)
+            nnr = (nc + NR - 1) // NR
+            for pc in range(0, k, KC):
+                kc = min(KC, k - pc)
+                b_off = offb[bi] + pc * sbk + jc * sbn
+                for jr in prange(nnr):
+                    _pack_b_sliver(bbuf, b_off + jr * NR * sbn, sbk, sbn, kc,
+                                   min(NR, nc - jr * NR), NR, bpack[jr], zero)
+                # chunk columns when row blocks alone cannot feed the threads
+                nj = max(1, min(nnr, (TASKS_PER_THREAD * nthreads + nmc - 1) // nmc))
+                per = (nnr + nj - 1) // nj
+                for t in prange(nmc * nj):
+                    ic = (t // nj) * MC
+                    jr0 = (t % nj) * per
+                    jr1 = min(nnr, jr0 + per)
+                    if jr0 < jr1:
+                        apack = np.empty(((MC + MR - 1) // MR, KC, MR), outf.dtype)
+                        scratch = np.empty(MR * NR, outf.dtype)
+                        _macro(abuf, offa[bi] + ic * sam + pc * sak, sam, sak, bpack,
+                               jr0, jr1, nc, outf, c0 + ic * n + jc, n, min(MC, m - ic),
+                               kc, pc == 0, pc + kc == k, apack, scratch, bias, jc,
+                               act, prm, cst)
+
+
+def _batched_t(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, outf, nbatch, m, n, k,
+               bias, act, prm, cst, MC, KC, NC, nthreads):
+    for bi in prange(nbatch):
+        c0 = bi * m * n
+        if k == 0:
+            _fill(outf, c0, m, n, bias, act, prm, cst)
+            continue
+        bpack = np.empty(((min(NC, n) + NR - 1) // NR, KC, NR), outf.dtype)
+        apack = np.empty(((MC + MR - 1) // MR, KC, MR), outf.dtype)
+        scratch = np.empty(MR * NR, outf.dtype)
+        for jc in range(0, n, NC):
+            nc = min(NC, n - jc)
+            nnr = (nc + NR - 1) // NR
+            for pc in range(0, k, KC):
+                kc = min(KC, k - pc)
+                b_off = offb[bi] + pc * sbk + jc * sbn
+                for jr in range(nnr):
+                    _pack_b_sliver(bbuf, b_off + jr * NR * sbn, sbk, sbn, kc,
+                                   min(NR, nc - jr * NR), NR, bpack[jr], cst.zero)
+                for ic in range(0, m, MC):
+                    _macro(abuf, offa[bi] + ic * sam + pc * sak, sam, sak, bpack,
+                           0, nnr, nc, outf, c0 + ic * n + jc, n, min(MC, m - ic),
+                           kc, pc == 0, pc + kc == k, apack, scratch, bias, jc,
+                           act, prm, cst)
+
+
+def _bind(template, scope, name):
+    fn = types.FunctionType(template.__code__, scope, name, template.__defaults__)
+    fn.__qualname__ = name  # its own on-disk cache entry
+    return fn
+
+
 def _make_drivers(mr, nr):
-    """The two parallel GEMM drivers around the MR x NR micro-kernel."""
+    """``(tiles, batched, micro)`` for an MR x NR register tile."""
     name, src = _micro_source(mr, nr)
-    micro = cpu_kernel(generated(src, name, {}))
-
-    def macro(abuf, a_off, sam, sak, bpack, jr0, jr1, nc, outf, c_off, ldc, mc, kc,
-              first, last, apack, scratch, bias, bcol, act, prm, cst):
-        # C[mc x nc block] (+)= A[mc x kc] @ Bpanel[kc x slivers jr0..jr1)
-        zero = cst.zero
-        _pack_a(abuf, a_off, sam, sak, mc, kc, mr, apack, zero)
-        epilogue = last and (act != 0 or bias.size > 0)
-        for jr in range(jr0, jr1):
-            cols = min(nr, nc - jr * nr)
-            for ir in range((mc + mr - 1) // mr):
-                rows = min(mr, mc - ir * mr)
-                coff = c_off + ir * mr * ldc + jr * nr
-                if rows == mr and cols == nr:
-                    micro(kc, apack[ir], bpack[jr], outf, coff, ldc, first, zero)
-                else:
-                    micro(kc, apack[ir], bpack[jr], scratch, 0, nr, True, zero)
-                    for i in range(rows):
-                        for j in range(cols):
-                            if first:
-                                outf[coff + i * ldc + j] = scratch[i * nr + j]
-                            else:
-                                outf[coff + i * ldc + j] += scratch[i * nr + j]
-                if epilogue:
-                    _epilogue_tile(outf, coff, ldc, rows, cols, bias, bcol + jr * nr,
-                                   act, prm, cst)
-
-    macro = register_jitable(macro)
-
-    def fill(outf, c_off, m, n, bias, act, prm, cst):
-        # k == 0: C = act(0 + bias)
-        for i in range(m):
-            for j in range(n):
-                outf[c_off + i * n + j] = cst.zero
-        _epilogue_tile(outf, c_off, n, m, n, bias, 0, act, prm, cst)
-
-    fill = register_jitable(fill)
-
-    def tiles(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, outf, nbatch, m, n, k,
-              bias, act, prm, cst, MC, KC, NC, nthreads):
-        zero = cst.zero
-        bpack = np.empty(((min(NC, n) + nr - 1) // nr, KC, nr), outf.dtype)
-        nmc = (m + MC - 1) // MC
-        for bi in range(nbatch):
-            c0 = bi * m * n
-            if k == 0:
-                fill(outf, c0, m, n, bias, act, prm, cst)
-                continue
-            for jc in range(0, n, NC):
-                nc = min(NC, n - jc)
-                nnr = (nc + nr - 1) // nr
-                for pc in range(0, k, KC):
-                    kc = min(KC, k - pc)
-                    b_off = offb[bi] + pc * sbk + jc * sbn
-                    for jr in prange(nnr):
-                        _pack_b_sliver(bbuf, b_off + jr * nr * sbn, sbk, sbn, kc,
-                                       min(nr, nc - jr * nr), nr, bpack[jr], zero)
-                    # chunk columns when row blocks alone cannot feed the threads
-                    nj = max(1, min(nnr, (TASKS_PER_THREAD * nthreads + nmc - 1)
-                                    // nmc))
-                    per = (nnr + nj - 1) // nj
-                    for t in prange(nmc * nj):
-                        ic = (t // nj) * MC
-                        jr0 = (t % nj) * per
-                        jr1 = min(nnr, jr0 + per)
-                        if jr0 < jr1:
-                            apack = np.empty(((MC + mr - 1) // mr, KC, mr), outf.dtype)
-                            scratch = np.empty(mr * nr, outf.dtype)
-                            macro(abuf, offa[bi] + ic * sam + pc * sak, sam, sak, bpack,
-                                  jr0, jr1, nc, outf, c0 + ic * n + jc, n, min(MC, m - ic),
-                                  kc, pc == 0, pc + kc == k, apack, scratch, bias, jc,
-                                  act, prm, cst)
-
-    def batched(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, outf, nbatch, m, n, k,
-                bias, act, prm, cst, MC, KC, NC, nthreads):
-        for bi in prange(nbatch):
-            c0 = bi * m * n
-            if k == 0:
-                fill(outf, c0, m, n, bias, act, prm, cst)
-                continue
-            bpack = np.empty(((min(NC, n) + nr - 1) // nr, KC, nr), outf.dtype)
-            apack = np.empty(((MC + mr - 1) // mr, KC, mr), outf.dtype)
-            scratch = np.empty(mr * nr, outf.dtype)
-            for jc in range(0, n, NC):
-                nc = min(NC, n - jc)
-                nnr = (nc + nr - 1) // nr
-                for pc in range(0, k, KC):
-                    kc = min(KC, k - pc)
-                    b_off = offb[bi] + pc * sbk + jc * sbn
-                    for jr in range(nnr):
-                        _pack_b_sliver(bbuf, b_off + jr * nr * sbn, sbk, sbn, kc,
-                                       min(nr, nc - jr * nr), nr, bpack[jr], cst.zero)
-                    for ic in range(0, m, MC):
-                        macro(abuf, offa[bi] + ic * sam + pc * sak, sam, sak, bpack,
-                              0, nnr, nc, outf, c0 + ic * n + jc, n, min(MC, m - ic),
-                              kc, pc == 0, pc + kc == k, apack, scratch, bias, jc,
-                              act, prm, cst)
-
-    # a unique qualname per tile gives each driver its own on-disk cache entry
-    out = []
-    for fn in (tiles, batched):
-        fn.__name__ = fn.__qualname__ = f"gemm_{fn.__name__}_{mr}x{nr}"
-        out.append(cpu_kernel(fn, parallel=True))
-    return tuple(out) + (micro,)
+    scope = dict(globals())
+    scope.update(MR=mr, NR=nr, _micro=cpu_kernel(generated(src, name, {})))
+    scope["_macro"] = register_jitable(_bind(_macro_t, scope, f"gemm_macro_{mr}x{nr}"))
+    scope["_fill"] = register_jitable(_bind(_fill_t, scope, f"gemm_fill_{mr}x{nr}"))
+    tiles = cpu_kernel(_bind(_tiles_t, scope, f"gemm_tiles_{mr}x{nr}"), parallel=True)
+    batched = cpu_kernel(_bind(_batched_t, scope, f"gemm_batched_{mr}x{nr}"), parallel=True)
+    return tiles, batched, scope["_micro"]
 
 
 _DRIVERS = {}

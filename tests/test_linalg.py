@@ -1,0 +1,398 @@
+"""matmul, bmm and linear against NumPy in float64, on CPU and (simulated) CUDA.
+
+Tuning is off here (``NBOPS_AUTOTUNE=0``): the CPU kernel runs its default
+config, or a tiny one (``SMALL``) whose block edges small matrices cross.
+Few float32 signatures are compiled, since the micro-kernel compiles slowly.
+"""
+
+import types
+
+import numpy as np
+import pytest
+from scipy import special
+
+import nbops
+from nbops import linalg
+from helpers import host, to_dev
+
+SMALL = {"impl": "nbops", "MC": 16, "KC": 8, "NC": 32}
+
+# float64 references of the epilogue activations, with the kernels' defaults
+ACT_REF = {
+    "relu": lambda z: np.maximum(z, 0.0),
+    "leaky_relu": lambda z, s=0.01: np.where(z > 0, z, s * z),
+    "sigmoid": special.expit,
+    "tanh": np.tanh,
+    "gelu": lambda z: 0.5 * z * special.erfc(-z / np.sqrt(2.0)),
+    "gelu_tanh": lambda z: z * special.expit(2 * np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)),
+    "silu": lambda z: z * special.expit(z),
+    "swish": lambda z, b=1.0: z * special.expit(b * z),
+    "softplus": lambda z, b=1.0, t=20.0: np.where(b * z > t, z, np.logaddexp(0, b * z) / b),
+    "elu": lambda z, a=1.0: np.where(z > 0, z, a * np.expm1(z)),
+    "hardswish": lambda z: z * np.clip(z + 3, 0, 6) / 6,
+}
+
+
+@pytest.fixture(autouse=True)
+def no_tuning(monkeypatch):
+    monkeypatch.setenv("NBOPS_AUTOTUNE", "0")
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    monkeypatch.setattr(linalg._cpu_gemm, "default", dict(SMALL))
+
+
+def rand(rng, shape, dtype=np.float64):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def check(got, want, dtype=np.float64, k=1):
+    got = host(got)
+    assert got.shape == want.shape and got.dtype == dtype
+    tol = 1e-12 * max(k, 1) if dtype == np.float64 else 2e-5 * max(k, 1) ** 0.5
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+# ---------------------------------------------------------------------------
+# Forward, CPU
+
+SHAPES = [(0, 3, 4), (3, 0, 4), (3, 4, 0), (1, 1, 1), (1, 7, 5), (7, 1, 5), (13, 17, 11),
+          (15, 31, 7), (16, 32, 8), (17, 33, 9), (31, 29, 23), (40, 65, 33)]
+
+
+@pytest.mark.parametrize("impl", ["nbops", "blas", "auto"])
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_matmul_shapes_small_blocks(small_blocks, m, n, k, impl):
+    rng = np.random.default_rng(m * 100 + n * 10 + k)
+    a, b = rand(rng, (m, k)), rand(rng, (k, n))
+    check(nbops.matmul(a, b, impl=impl), a @ b, k=k)
+
+
+@pytest.mark.parametrize("m,n,k", [(63, 2047, 255), (65, 2049, 257), (8, 16, 256)])
+def test_matmul_default_block_edges(m, n, k):
+    # just off MC=64, NC=2048, KC=256 and the 8 x 8 register tile
+    rng = np.random.default_rng(1)
+    a, b = rand(rng, (m, k)), rand(rng, (k, n))
+    check(nbops.matmul(a, b, impl="nbops"), a @ b, k=k)
+
+
+def test_matmul_float32():
+    rng = np.random.default_rng(2)
+    for m, n, k in [(37, 45, 29), (64, 16, 300), (1, 17, 3)]:
+        a, b = rand(rng, (m, k), np.float32), rand(rng, (k, n), np.float32)
+        want = a.astype(np.float64) @ b.astype(np.float64)
+        check(nbops.matmul(a, b, impl="nbops"), want, np.float32, k)
+        check(nbops.matmul(a, b, impl="blas"), want, np.float32, k)
+    # many small products: the batch-parallel driver
+    a, b = rand(rng, (12, 9, 20), np.float32), rand(rng, (12, 20, 17), np.float32)
+    check(nbops.bmm(a, b), a.astype(np.float64) @ b, np.float32, 20)
+
+
+def strided_operands(rng):
+    a = rand(rng, (30, 40))
+    b = rand(rng, (50, 36))
+    yield a.T[:23, ::2], b[::2, :-3].T[:15, :20]         # transposed, step-sliced
+    yield a[::-1, 5:25], b[::-2, ::-1][:20, :13]         # negative strides
+    yield np.broadcast_to(a[0, :9], (6, 9)), b[:9, 3:11]  # stride-0 rows
+    yield np.asfortranarray(a[:7, :11]), b[:11, :5]       # F-order
+
+
+@pytest.mark.parametrize("impl", ["nbops", "blas"])
+def test_matmul_strided(small_blocks, impl):
+    rng = np.random.default_rng(3)
+    for a, b in strided_operands(rng):
+        a0, b0 = a.copy(), b.copy()
+        check(nbops.matmul(a, b, impl=impl), a0 @ b0, k=a.shape[1])
+        assert np.array_equal(a, a0) and np.array_equal(b, b0)
+
+
+@pytest.mark.parametrize("sa,sb", [
+    ((3, 1, 5, 4), (2, 4, 6)), ((2, 5, 4), (4, 6)), ((5, 4), (3, 4, 6)),
+    ((1, 5, 4), (3, 4, 6)), ((4,), (4,)), ((4,), (2, 4, 6)), ((2, 5, 4), (4,)),
+    ((4,), (4, 3)), ((5, 4), (4,)), ((0, 5, 4), (4, 3)), ((2, 3, 1, 4), (3, 4, 2))])
+def test_matmul_broadcasting(small_blocks, sa, sb):
+    rng = np.random.default_rng(4)
+    a, b = rand(rng, sa), rand(rng, sb)
+    check(nbops.matmul(a, b), np.matmul(a, b), k=sa[-1])
+
+
+def test_matmul_batched_many(small_blocks):
+    rng = np.random.default_rng(5)
+    a, b = rand(rng, (40, 9, 7)), rand(rng, (7, 5))
+    check(nbops.matmul(a, b), a @ b, k=7)
+    a_t = rand(rng, (40, 7, 9)).transpose(0, 2, 1)       # strided batch members
+    check(nbops.matmul(a_t, b), a_t @ b, k=7)
+    check(nbops.matmul(a_t, b, impl="blas"), a_t @ b, k=7)
+
+
+def test_matmul_out(small_blocks):
+    rng = np.random.default_rng(6)
+    a, b = rand(rng, (2, 5, 3)), rand(rng, (3, 4))
+    out = np.full((2, 5, 4), np.nan)
+    assert nbops.matmul(a, b, out=out) is out
+    check(out, a @ b, k=3)
+
+
+def test_bmm(small_blocks):
+    rng = np.random.default_rng(7)
+    a, b = rand(rng, (3, 9, 5)), rand(rng, (3, 5, 18))
+    check(nbops.bmm(a, b), a @ b, k=5)
+    check(nbops.bmm(a, b, impl="blas"), a @ b, k=5)
+
+
+# ---------------------------------------------------------------------------
+# linear and its epilogue
+
+
+@pytest.mark.parametrize("activation", [None] + list(linalg.ACTIVATIONS))
+def test_linear_epilogue(small_blocks, activation):
+    rng = np.random.default_rng(8)
+    x, w, bias = rand(rng, (3, 13, 11)), rand(rng, (19, 11)) * 0.5, rand(rng, 19)
+    z = x @ w.T + bias
+    want = z if activation is None else ACT_REF[activation](z)
+    for impl in ("nbops", "blas"):
+        got = host(nbops.linear(x, w, bias, activation=activation, impl=impl))
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)  # approximated exp/erf
+
+
+def test_linear_variants(small_blocks):
+    rng = np.random.default_rng(9)
+    w, bias = rand(rng, (6, 5)), rand(rng, 6)
+    x = rand(rng, (4, 5))
+    check(nbops.linear(x, w), x @ w.T, k=5)                                # no bias
+    check(nbops.linear(x[0], w, bias), x[0] @ w.T + bias, k=5)             # 1-D x
+    xs = rand(rng, (3, 8, 10))[:, ::2, ::2]                                # strided x
+    check(nbops.linear(xs, w, bias), xs @ w.T + bias, k=5)
+    wt = np.asfortranarray(w)
+    check(nbops.linear(x, wt, bias), x @ w.T + bias, k=5)
+    check(nbops.linear(rand(rng, (0, 5)), w, bias), np.zeros((0, 6)), k=5)
+    z = x @ w.T + bias
+    got = nbops.linear(x, w, bias, activation=("leaky_relu", 0.2))
+    check(got, np.where(z > 0, z, 0.2 * z), k=5)
+    got = nbops.linear(x, w, bias, activation=("softplus", 2.0, 1.0))
+    np.testing.assert_allclose(got, ACT_REF["softplus"](z, 2.0, 1.0), rtol=2e-6, atol=2e-6)
+    # k == 0: the result is the epilogue of the bias alone
+    check(nbops.linear(np.zeros((2, 0)), np.zeros((3, 0)), bias[:3], activation="relu"),
+          np.broadcast_to(np.maximum(bias[:3], 0), (2, 3)))
+
+
+def test_linear_float32_gelu():
+    rng = np.random.default_rng(10)
+    x, w, bias = rand(rng, (21, 30), np.float32), rand(rng, (18, 30), np.float32), \
+        rand(rng, 18, np.float32)
+    z = x.astype(np.float64) @ w.T.astype(np.float64) + bias
+    got = nbops.linear(x, w, bias, activation="gelu", impl="nbops")
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, ACT_REF["gelu"](z), rtol=1e-4, atol=1e-4)
+
+
+def test_nan_propagates(small_blocks):
+    a = np.ones((3, 4))
+    a[1, 2] = np.nan
+    y = nbops.linear(a, np.ones((5, 4)), activation="relu")
+    assert np.isnan(y[1]).all() and not np.isnan(y[[0, 2]]).any()
+
+
+# ---------------------------------------------------------------------------
+# Errors
+
+
+def test_errors():
+    f32, f64 = np.ones((3, 4), np.float32), np.ones((4, 2))
+    with pytest.raises(TypeError, match="matmul: 'a' is float32 but 'b' is float64"):
+        nbops.matmul(f32, f64)
+    with pytest.raises(ValueError, match=r"inner dimensions differ.*\(3, 4\).*\(3, 2\)"):
+        nbops.matmul(np.ones((3, 4)), np.ones((3, 2)))
+    with pytest.raises(ValueError, match="batch axes.*do not broadcast"):
+        nbops.matmul(np.ones((2, 3, 4)), np.ones((3, 4, 2)))
+    with pytest.raises(ValueError, match="0-d"):
+        nbops.matmul(np.ones(()), np.ones(3))
+    with pytest.raises(TypeError, match="'a' must be a float32 or float64"):
+        nbops.matmul(np.ones((2, 2), np.int64), np.ones((2, 2), np.int64))
+    with pytest.raises(TypeError, match="numpy.ndarray or a device array"):
+        nbops.matmul([[1.0]], np.ones((1, 1)))
+    with pytest.raises(ValueError, match="'impl' must be one of"):
+        nbops.matmul(np.ones((2, 2)), np.ones((2, 2)), impl="mkl")
+    with pytest.raises(ValueError, match="'out' must have shape"):
+        nbops.matmul(np.ones((2, 3)), np.ones((3, 4)), out=np.empty((4, 2)))
+    with pytest.raises(TypeError, match="'out' must be float64"):
+        nbops.matmul(np.ones((2, 3)), np.ones((3, 4)), out=np.empty((2, 4), np.float32))
+    with pytest.raises(ValueError, match="'out' must be C-contiguous"):
+        nbops.matmul(np.ones((2, 3)), np.ones((3, 4)), out=np.empty((4, 2)).T)
+    a = np.ones((4, 4))
+    with pytest.raises(ValueError, match="'out' overlaps input 'a'"):
+        nbops.matmul(a, np.ones((4, 4)), out=a)
+
+
+def test_bmm_errors():
+    with pytest.raises(ValueError, match="must be 3-D"):
+        nbops.bmm(np.ones((2, 3)), np.ones((3, 2)))
+    with pytest.raises(ValueError, match="batch sizes differ: 'a' has 2, 'b' has 1"):
+        nbops.bmm(np.ones((2, 3, 4)), np.ones((1, 4, 2)))
+    with pytest.raises(ValueError, match="inner dimensions differ"):
+        nbops.bmm(np.ones((2, 3, 4)), np.ones((2, 3, 2)))
+    with pytest.raises(TypeError, match="'a' is float64 but 'b' is float32"):
+        nbops.bmm(np.ones((2, 3, 4)), np.ones((2, 4, 2), np.float32))
+
+
+def test_linear_errors():
+    x, w = np.ones((2, 3)), np.ones((4, 3))
+    with pytest.raises(ValueError, match=r"'bias' must have shape \(4,\).*got \(3,\)"):
+        nbops.linear(x, w, np.ones(3))
+    with pytest.raises(ValueError, match="'x' has 3 features .* 'weight' expects 5"):
+        nbops.linear(x, np.ones((4, 5)))
+    with pytest.raises(ValueError, match="'weight' must be 2-D"):
+        nbops.linear(x, np.ones((1, 4, 3)))
+    with pytest.raises(ValueError, match="'x' must have at least 1 dimension"):
+        nbops.linear(np.ones(()), w)
+    with pytest.raises(TypeError, match="'x' is float64 but 'bias' is float32"):
+        nbops.linear(x, w, np.ones(4, np.float32))
+    with pytest.raises(TypeError, match="'x' is float32 but 'weight' is float64"):
+        nbops.linear(x.astype(np.float32), w)
+    with pytest.raises(ValueError, match="'activation' must be None, one of"):
+        nbops.linear(x, w, activation="mish")
+    with pytest.raises(ValueError, match="'activation' must be None"):
+        nbops.linear(x, w, activation=3)
+    with pytest.raises(ValueError, match="takes 1 parameter"):
+        nbops.linear(x, w, activation=("elu", 1.0, 2.0))
+    with pytest.raises(ValueError, match="softplus beta must be > 0"):
+        nbops.linear(x, w, activation=("softplus", 0.0, 20.0))
+    with pytest.raises(ValueError, match="leaky_relu parameter must be >= 0"):
+        nbops.linear(x, w, activation=("leaky_relu", -1.0))
+    with pytest.raises(TypeError, match="must be a real number"):
+        nbops.linear(x, w, activation=("elu", "big"))
+    with pytest.raises(ValueError, match="'bias' must be contiguous"):
+        nbops.linear(x, w, np.ones(8)[::2])
+
+
+# ---------------------------------------------------------------------------
+# Backward rules against central finite differences
+
+
+def numeric_grads(f, inputs, g, eps=1e-6):
+    """d sum(f(*inputs) * g) / d input, for every array input."""
+    grads = []
+    for i, x in enumerate(inputs):
+        if not isinstance(x, np.ndarray):
+            grads.append(None)
+            continue
+        gx = np.zeros_like(x)
+        for idx in np.ndindex(x.shape):
+            args = [v.copy() if isinstance(v, np.ndarray) else v for v in inputs]
+            args[i][idx] += eps
+            up = np.sum(f(*args) * g)
+            args[i][idx] -= 2 * eps
+            gx[idx] = (up - np.sum(f(*args) * g)) / (2 * eps)
+        grads.append(gx)
+    return grads
+
+
+def run_rule(op, inputs, names):
+    out = op(*inputs)
+    kwargs = dict(zip(names, inputs))
+    ctx = types.SimpleNamespace(inputs=tuple(inputs), kwargs=kwargs, output=out,
+                                needs_input_grad=(True,) * len(inputs))
+    return out, ctx
+
+
+@pytest.mark.parametrize("sa,sb", [((4, 3), (3, 5)), ((2, 4, 3), (3, 5)), ((3,), (3, 5)),
+                                   ((4, 3), (3,)), ((2, 1, 4, 3), (3, 3, 2)), ((3,), (3,))])
+def test_matmul_backward(small_blocks, sa, sb):
+    rng = np.random.default_rng(11)
+    a, b = rand(rng, sa), rand(rng, sb)
+    out, ctx = run_rule(nbops.matmul, [a, b, None, "auto"], ["a", "b", "out", "impl"])
+    g = rand(rng, np.shape(out))
+    ga, gb, gout, gimpl = nbops.matmul.backward(ctx, g)
+    na, nb = numeric_grads(lambda x, y: np.matmul(x, y), [a, b], g)
+    np.testing.assert_allclose(ga, na, atol=1e-7)
+    np.testing.assert_allclose(gb, nb, atol=1e-7)
+    assert gout is None and gimpl is None
+
+
+def test_bmm_backward(small_blocks):
+    rng = np.random.default_rng(12)
+    a, b = rand(rng, (2, 3, 4)), rand(rng, (2, 4, 5))
+    out, ctx = run_rule(nbops.bmm, [a, b, None, "auto"], ["a", "b", "out", "impl"])
+    g = rand(rng, out.shape)
+    grads = nbops.bmm.backward(ctx, g)
+    assert len(grads) == 4
+    for got, want in zip(grads, numeric_grads(np.matmul, [a, b], g)):
+        np.testing.assert_allclose(got, want, atol=1e-7)
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh", "sigmoid", "tanh",
+                                        "swish", ("leaky_relu", 0.1), "softplus", "elu",
+                                        "silu", "hardswish"])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_linear_backward(small_blocks, activation, with_bias):
+    rng = np.random.default_rng(13)
+    x, w = rand(rng, (2, 3, 4)), rand(rng, (5, 4))
+    bias = rand(rng, 5) if with_bias else None
+    names = ["x", "weight", "bias", "activation", "out", "impl"]
+    out, ctx = run_rule(nbops.linear, [x, w, bias, activation, None, "auto"], names)
+    g = rand(rng, out.shape)
+    got = nbops.linear.backward(ctx, g)
+    assert len(got) == 6 and got[3:] == (None, None, None)
+    want = numeric_grads(lambda *v: nbops.linear(*v), [x, w, bias, activation], g)
+    for i in range(3 if with_bias else 2):
+        np.testing.assert_allclose(got[i], want[i], atol=5e-6)  # approximated exp/erf
+    if not with_bias:
+        assert got[2] is None
+
+
+def test_gradcheck_through_autograd(small_blocks):
+    gradcheck = getattr(getattr(nbops, "autograd", None), "gradcheck", None)
+    if gradcheck is None:  # the autograd module is written concurrently
+        return
+    rng = np.random.default_rng(14)
+    T = nbops.Tensor
+    a, b = T(rand(rng, (2, 3, 4)), requires_grad=True), T(rand(rng, (4, 2)), requires_grad=True)
+    assert gradcheck(lambda u, v: nbops.matmul(u, v), [a, b])
+    x, w, bias = (T(rand(rng, s), requires_grad=True) for s in ((3, 4), (5, 4), (5,)))
+    assert gradcheck(lambda u, v, c: nbops.linear(u, v, c, activation="tanh"), [x, w, bias])
+
+
+# ---------------------------------------------------------------------------
+# CUDA (the simulator in CI: tiles of 8 x 8 x 4, so small shapes cross edges)
+
+
+@pytest.mark.parametrize("m,n,k", [(17, 9, 5), (1, 1, 1), (3, 4, 0), (8, 16, 4), (0, 3, 2)])
+def test_cuda_matmul(m, n, k):
+    if not nbops.cuda_available():
+        pytest.fail("CUDA or its simulator must be available")
+    rng = np.random.default_rng(15)
+    a, b = rand(rng, (m, k)), rand(rng, (k, n))
+    check(nbops.matmul(to_dev(a, "cuda"), to_dev(b, "cuda")), a @ b, k=k)
+
+
+def test_cuda_strided_batched_float32():
+    rng = np.random.default_rng(16)
+    a = rand(rng, (5, 11, 9), np.float32)
+    b = rand(rng, (9, 10), np.float32)
+    at = a.transpose(0, 2, 1)[:, :, :7]                   # (5, 9, 7) strided
+    got = nbops.matmul(to_dev(at.transpose(0, 2, 1), "cuda"), to_dev(b, "cuda"))
+    check(got, at.transpose(0, 2, 1).astype(np.float64) @ b, np.float32, 9)
+    x, w = rand(rng, (3, 1, 6, 9)), rand(rng, (2, 9, 4))
+    check(nbops.matmul(to_dev(x, "cuda"), to_dev(w, "cuda")), np.matmul(x, w), k=9)
+
+
+def test_cuda_linear_and_backward():
+    rng = np.random.default_rng(17)
+    x, w, bias = rand(rng, (10, 6)), rand(rng, (9, 6)), rand(rng, 9)
+    dx, dw, db = (to_dev(v, "cuda") for v in (x, w, bias))
+    z = x @ w.T + bias
+    got = nbops.linear(dx, dw, db, activation="gelu")
+    np.testing.assert_allclose(host(got), ACT_REF["gelu"](z), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="impl='blas' runs on the CPU only"):
+        nbops.linear(dx, dw, impl="blas")
+    with pytest.raises(TypeError, match="different devices"):
+        nbops.matmul(dx, w.T)
+    g = rand(rng, z.shape)
+    out, ctx = run_rule(nbops.linear, [dx, dw, db, "relu", None, "auto"],
+                        ["x", "weight", "bias", "activation", "out", "impl"])
+    gx, gw, gb = (host(v) for v in nbops.linear.backward(ctx, to_dev(g, "cuda"))[:3])
+    gz = g * (z > 0)
+    np.testing.assert_allclose(gx, gz @ w, atol=1e-12)
+    np.testing.assert_allclose(gw, gz.T @ x, atol=1e-12)
+    np.testing.assert_allclose(gb, gz.sum(0), atol=1e-12)
