@@ -69,13 +69,18 @@ def tanh(x, out):
     return np.tanh(x, out=out)
 
 
-def gelu(x, out):
-    np.multiply(x, INV_SQRT2, out=out)
-    special.erf(out, out=out)
+def _half_x_one_plus(x, out):
+    """out = 0.5 x (1 + out) in place: the outer form of both GELUs."""
     out += 1
     out *= x
     out *= 0.5
     return out
+
+
+def gelu(x, out):
+    np.multiply(x, INV_SQRT2, out=out)
+    special.erf(out, out=out)
+    return _half_x_one_plus(x, out)
 
 
 def gelu_tanh(x, out):
@@ -85,10 +90,7 @@ def gelu_tanh(x, out):
     out *= x
     out *= GELU_K
     np.tanh(out, out=out)
-    out += 1
-    out *= x
-    out *= 0.5
-    return out
+    return _half_x_one_plus(x, out)
 
 
 def silu(x, out):
