@@ -168,7 +168,9 @@ class Autotuner:
     configs : list of dict
         Candidate configurations (JSON-serialisable values).
     key : list of str
-        Names of ``fn``'s arguments (ints) whose values select a tuning.
+        Names of ``fn``'s arguments (ints) whose values select a tuning; the
+        dtype (an argument named ``dtype``, else the first array's) is
+        always part of the key.
     default : dict, optional
         The config used when tuning is off; the first config if None.
     name : str, optional
@@ -207,8 +209,9 @@ class Autotuner:
         """The cache key string for a call."""
         bound = self._signature.bind_partial(*args, **kwargs).arguments
         parts = [self.name]
-        dtype = next((getattr(v, "dtype") for v in list(bound.values()) if hasattr(v, "dtype")
-                      and hasattr(v, "shape")), None)
+        dtype = bound.get("dtype") or next(
+            (v.dtype for v in bound.values() if hasattr(v, "dtype") and hasattr(v, "shape")),
+            None)
         parts.append(str(dtype))
         for k in self.key:
             if k not in bound:

@@ -58,7 +58,7 @@ GEMM_CONFIGS = [
 
 @_autotune.autotune(configs=GEMM_CONFIGS, key=["m", "n", "k", "batch"],
                     default=DEFAULT_CONFIG, name="nbops.gemm")
-def _cpu_gemm(args, m, n, k, batch, impl, MC, KC, NC):
+def _cpu_gemm(args, m, n, k, batch, dtype, impl, MC, KC, NC):
     if impl == "blas":
         return _dispatch.kernel("gemm_blas", CPU)(*args)
     return _dispatch.kernel("gemm", CPU)(*args, MC=MC, KC=KC, NC=NC)
@@ -181,7 +181,8 @@ def _gemm(op, dev, a, b, out3, bias, act, prm, impl):
                              "'nbops' for device arrays")
         return _dispatch.kernel("gemm", CUDA)(*args)
     only = None if impl == "auto" else {"impl": impl}
-    return _cpu_gemm.run((args,), dict(m=m, n=n, k=k, batch=_shp(out3)[0]), only=only)
+    return _cpu_gemm.run((args,), dict(m=m, n=n, k=k, batch=_shp(out3)[0],
+                                       dtype=np.dtype(a.dtype).name), only=only)
 
 
 def _flat_out(op, out, shape, dtype, dev, inputs):

@@ -1,0 +1,166 @@
+"""The autotuner: choosing, the JSON cache round trip, corrupted and foreign
+cache files, NBOPS_AUTOTUNE=0, and the GEMM's use of it."""
+
+import json
+import os
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+import nbops
+from nbops import autotune as at
+
+
+@pytest.fixture(autouse=True)
+def cache_in_tmp(tmp_path, monkeypatch):
+    monkeypatch.setenv("NBOPS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NBOPS_AUTOTUNE", "1")
+    return tmp_path
+
+
+CONFIGS = [{"delay": 0.04}, {"delay": 0.0}, {"delay": 0.02}]  # far apart: a busy machine
+
+
+def make_tuner(calls, name="test.sleepy", **kw):
+    @at.autotune(configs=CONFIGS, key=["n"], default={"delay": 0.02}, name=name,
+                 repeat=3, **kw)
+    def sleepy(x, n, delay):
+        calls.append(delay)
+        time.sleep(delay)
+        return x * n
+
+    return sleepy
+
+
+def test_tunes_once_then_reuses_memory_and_disk():
+    calls = []
+    f = make_tuner(calls)
+    x = np.ones(3, np.float32)
+    assert (f(x, n=5) == 5).all()
+    assert set(calls) == {0.04, 0.0, 0.02}            # every config was timed
+    path = at.cache_path()
+    data = json.load(open(path))
+    assert data["device"] == at.device_name() and data["nbops"] == nbops.__version__
+    (key, entry), = data["entries"].items()
+    assert key == "test.sleepy|float32|n=8"             # bucketed to a power of two
+    assert entry["config"] == {"delay": 0.0}
+    calls.clear()
+    f(x, n=7)                                           # same bucket: no timing
+    assert calls == [0.0]
+    calls2 = []
+    g = make_tuner(calls2)                              # a new process, in effect
+    g(x, n=6)
+    assert calls2 == [0.0]
+    g(x.astype(np.float64), n=6)                        # another dtype: tuned anew
+    assert len(calls2) > 3
+
+
+def test_disabled_uses_default(monkeypatch):
+    monkeypatch.setenv("NBOPS_AUTOTUNE", "0")
+    calls = []
+    f = make_tuner(calls)
+    f(np.ones(2), n=3)
+    assert calls == [0.02]
+    assert not os.path.exists(at.cache_path())
+    assert not at.enabled()
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps([1, 2]), "\x00\xff",
+                                     json.dumps({"format": 1, "device": "Some Other CPU",
+                                                 "nbops": nbops.__version__, "entries": {}}),
+                                     json.dumps({"format": 1, "device": at.device_name(),
+                                                 "nbops": "0.0.1", "entries": {}})])
+def test_corrupted_or_foreign_cache_is_ignored(content):
+    path = at.cache_path()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="latin-1") as fh:
+        fh.write(content)
+    calls = []
+    f = make_tuner(calls)
+    with pytest.warns(at.AutotuneCacheWarning, match="ignoring"):
+        assert (f(np.ones(2), n=2) == 2).all()
+    assert len(calls) > 3                               # tuned instead
+    data = json.load(open(path))                        # and replaced by a valid file
+    assert data["device"] == at.device_name() and len(data["entries"]) == 1
+
+
+def test_malformed_entry_is_ignored():
+    path = at.cache_path()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    entries = {"test.sleepy|float64|n=2": {"config": {"delay": 99}, "times": []}}
+    json.dump({"format": 1, "device": at.device_name(), "nbops": nbops.__version__,
+               "entries": entries}, open(path, "w"))
+    calls = []
+    f = make_tuner(calls)
+    with pytest.warns(at.AutotuneCacheWarning, match="malformed"):
+        f(np.ones(2), n=2)
+    assert 99 not in calls
+
+
+def test_unwritable_cache_dir_warns(monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("NBOPS_CACHE_DIR", str(blocker / "sub"))
+    f = make_tuner([])
+    with pytest.warns(at.AutotuneCacheWarning, match="could not write"):
+        assert (f(np.ones(2), n=2) == 2).all()
+
+
+def test_failing_config_loses_and_all_failing_raises():
+    def flaky(n, mode):
+        if mode == "bad":
+            raise RuntimeError("cannot run")
+        return n
+
+    tuner = at.Autotuner(flaky, [{"mode": "bad"}, {"mode": "good"}], key=["n"], name="t.flaky")
+    assert tuner(n=3) == 3
+    broken = at.Autotuner(lambda n, mode: 1 / 0, [{"mode": "x"}], key=["n"], name="t.broken")
+    with pytest.raises(ZeroDivisionError):
+        broken(n=1)
+
+
+def test_api_errors_and_module_call():
+    with pytest.raises(ValueError, match="configs must not be empty"):
+        at.autotune(configs=[], key=["n"])(lambda n: n)
+    tuner = nbops.autotune(configs=[{"a": 1}], key=["n"])(lambda n, a: n + a)  # module call
+    with pytest.raises(TypeError, match="key argument 'n' was not passed"):
+        tuner()
+    assert tuner(n=1) == 2
+    with pytest.raises(ValueError, match="no config matches"):
+        tuner.config_for((), {"n": 1}, only={"a": 5})
+    assert callable(nbops.autotune.tune_main)
+
+
+def test_tune_main(capsys, monkeypatch):
+    ran = []
+    monkeypatch.setitem(at._TUNINGS, "dummy", (lambda dt, q: ran.append((dt, q)), lambda: "d"))
+    assert at.tune_main(["--list"]) == 0
+    assert "gemm:" in capsys.readouterr().out
+    assert at.tune_main(["--op", "dummy", "--dtype", "float64", "--quick", "--clear"]) == 0
+    assert ran == [("float64", True)]
+    assert "cache:" in capsys.readouterr().out
+    monkeypatch.setenv("NBOPS_AUTOTUNE", "0")
+    assert at.tune_main(["--op", "dummy"]) == 1
+
+
+def test_gemm_is_tuned_and_impl_is_respected(monkeypatch):
+    from nbops import linalg
+
+    # small candidate list: tuning compiles nothing new for float64
+    configs = [linalg.DEFAULT_CONFIG, {"impl": "blas", "MC": 0, "KC": 0, "NC": 0}]
+    monkeypatch.setattr(linalg._cpu_gemm, "configs", configs)
+    linalg._cpu_gemm.clear()
+    a = np.random.default_rng(0).standard_normal((9, 7))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(nbops.matmul(a, a.T), a @ a.T, atol=1e-12)
+    data = json.load(open(at.cache_path()))
+    (key, entry), = data["entries"].items()
+    assert key == "nbops.gemm|float64|m=16|n=16|k=8|batch=1"
+    assert [c for c, _ in entry["times"]] == configs
+    only = linalg._cpu_gemm.config_for((), {"m": 9, "n": 9, "k": 7, "batch": 1, "dtype": "float64"},
+                                       only={"impl": "nbops"})
+    assert only == linalg.DEFAULT_CONFIG
+    linalg._cpu_gemm.clear()
