@@ -102,6 +102,13 @@ def build_parser():
     d.add_argument("--op", nargs="+", action="extend", metavar="NAME",
                    help="cases or families to run (shell globs), default all")
     d.set_defaults(func=_demo)
+
+    t = sub.add_parser("tune", help="pre-tune GEMM (and other tuned kernels) for this machine",
+                       add_help=False, prefix_chars="+")  # every "-" option is tune_main's
+    t.add_argument("tune_args", nargs=argparse.REMAINDER,
+                   help="arguments of nbops.autotune.tune_main (try: tune --help)")
+    t.set_defaults(func=lambda a: __import__("nbops.autotune", fromlist=["tune_main"])
+                   .tune_main(a.tune_args))
     return p
 
 
