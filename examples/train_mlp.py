@@ -6,7 +6,7 @@ unit circle" (not linearly separable). The model is
 Adam on cross-entropy; the script prints the training accuracy and the
 learned beta.
 
-Run: ``python examples/train_mlp.py [--steps 300] [--device cpu|cuda]``
+Run: ``python examples/train_mlp.py [--steps 300] [--device cpu|cuda] [--hidden 64]``
 """
 
 import argparse
@@ -31,10 +31,10 @@ def build_model(seed=0, hidden=64):
                          nn.Linear(hidden, 4, rng=seed + 1))
 
 
-def train(steps=300, device="cpu", n=512, lr=0.03, seed=0):
+def train(steps=300, device="cpu", n=512, lr=0.03, seed=0, hidden=64):
     """Train and return ``(accuracy, beta, seconds)``."""
     x, y = make_data(n, seed)
-    model = build_model(seed)
+    model = build_model(seed, hidden)
     if device == "cuda":
         model.to("cuda")
         x, y = nbops.to_device(x), nbops.to_device(y)
@@ -56,9 +56,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--n", type=int, default=512)
+    parser.add_argument("--n", type=int, default=512, help="training points")
+    parser.add_argument("--hidden", type=int, default=64, help="hidden units")
     args = parser.parse_args(argv)
-    acc, beta, seconds = train(args.steps, args.device, args.n)
+    acc, beta, seconds = train(args.steps, args.device, args.n, hidden=args.hidden)
     print(f"train_mlp: {args.steps} steps on {args.device} in {seconds:.2f} s: "
           f"accuracy {acc:.3f}, swish beta {beta:.3f} (started at 1.0)")
     return acc, beta

@@ -1,0 +1,47 @@
+"""The example scripts run end to end (in this process, so the CUDA parts use
+the simulator that conftest.py switched on where there is no GPU)."""
+
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.fixture(autouse=True)
+def _default_gemm_config(monkeypatch):
+    monkeypatch.setenv("NBOPS_AUTOTUNE", "0")
+
+
+def test_custom_op_example_passes_gradcheck_on_both_devices(capsys):
+    module = runpy.run_path(str(EXAMPLES / "custom_op.py"))
+    assert module["main"]() == ["cpu", "cuda"]
+    assert "gradcheck passed on cpu, cuda" in capsys.readouterr().out
+
+
+def test_custom_op_gradcheck_catches_a_wrong_backward():
+    import numpy as np
+
+    import nbops
+    from nbops.autograd import GradcheckError, Tensor, gradcheck
+
+    module = runpy.run_path(str(EXAMPLES / "custom_op.py"))
+    wrong = nbops.register_op("softsign_wrong", cpu=module["softsign_cpu"],
+                              backward=lambda ctx, g: (g,))
+    with pytest.raises(GradcheckError, match="input 0"):
+        gradcheck(wrong, [Tensor(np.linspace(-2, 2, 5), requires_grad=True)])
+
+
+def test_train_mlp_example(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["train_mlp.py", "--steps", "5", "--n", "64"])
+    runpy.run_path(str(EXAMPLES / "train_mlp.py"), run_name="__main__")
+    assert "train_mlp: 5 steps on cpu" in capsys.readouterr().out
+
+
+def test_train_mlp_example_on_cuda(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["train_mlp.py", "--steps", "1", "--n", "16",
+                                      "--hidden", "4", "--device", "cuda"])
+    runpy.run_path(str(EXAMPLES / "train_mlp.py"), run_name="__main__")
+    assert "train_mlp: 1 steps on cuda" in capsys.readouterr().out
