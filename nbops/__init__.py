@@ -32,6 +32,7 @@ from .tensor import *  # noqa: F401,F403
 from .tensor import __all__ as _tensor_all
 from .fusion import fuse  # noqa: F401
 from . import profiler  # noqa: F401
+from .warmup import warmup  # noqa: F401
 from .arith import (  # noqa: F401
     add, sub, mul, div, pow, neg, exp, log, sum, mean, expand, sum_to,
 )
@@ -44,7 +45,7 @@ __all__ = [
     *_activations_all,
     "matmul", "bmm", "linear", "autotune",
     *_tensor_all,
-    "fuse",
+    "fuse", "warmup",
     "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sum", "mean", "expand", "sum_to",
     "Tensor", "no_grad", "enable_grad", "autograd", "nn", "optim",
 ]

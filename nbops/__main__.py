@@ -3,6 +3,7 @@
     python -m nbops info                       versions, CPU/SIMD, threads, CUDA, cache
     python -m nbops bench --quick --op gelu    nbops beside NumPy: time, GB/s, error
     python -m nbops demo                       every op family, checked against NumPy
+    python -m nbops warmup --ops relu          compile kernels into the disk cache ahead of use
 """
 
 import argparse
@@ -69,10 +70,16 @@ def _demo(args):
     return 1 if failures else 0
 
 
+def _warmup(args):
+    from .warmup import run
+
+    return run(args)
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m nbops", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", metavar="{info,bench,demo}", required=True)
+    sub = p.add_subparsers(dest="command", metavar="{info,bench,demo,warmup}", required=True)
 
     info = sub.add_parser("info", help="versions, CPU and SIMD features, threads, CUDA, cache")
     info.add_argument("--no-probe", action="store_true",
@@ -109,6 +116,12 @@ def build_parser():
                    help="arguments of nbops.autotune.tune_main (try: tune --help)")
     t.set_defaults(func=lambda a: __import__("nbops.autotune", fromlist=["tune_main"])
                    .tune_main(a.tune_args))
+
+    from .warmup import add_arguments
+
+    w = sub.add_parser("warmup", help="compile the kernels a script will use into the disk cache")
+    add_arguments(w)
+    w.set_defaults(func=_warmup)
     return p
 
 

@@ -1,6 +1,7 @@
 """Standalone timing of nbops.fuse against NumPy and a parallel read kernel.
 
     python tools/bench_fusion.py [--n 16777216] [--threads 2] [--repeat 15]
+    python tools/bench_fusion.py --startup      first-call latency, cold and after warm-up
 
 Prints medians (ms) of interleaved repetitions, measured in one run:
 
@@ -12,6 +13,11 @@ Prints medians (ms) of interleaved repetitions, measured in one run:
 * the same two fused kernels writing into ``out=`` / with gelu and exp.
 
 Ratios are what to read: absolute times move 10-20% between runs here.
+
+``--startup`` runs fresh interpreters against an empty Numba cache
+(``NUMBA_CACHE_DIR`` in a temporary directory): ``import numba``, ``import
+nbops`` and the first ``nbops.relu`` on float32, cold, then again after
+``python -m nbops warmup --ops relu --dtypes float32`` filled the cache.
 """
 
 import argparse
@@ -31,12 +37,55 @@ def _median_ms(fn, repeat):
     return statistics.median(times) * 1e3
 
 
+_STARTUP = """
+import sys, time
+t0 = time.perf_counter(); import numba; t1 = time.perf_counter()
+import numpy as np, nbops; t2 = time.perf_counter()
+x = np.ones(1000, np.float32)
+t3 = time.perf_counter(); nbops.relu(x); t4 = time.perf_counter()
+print(t1 - t0, t2 - t1, t4 - t3, int("numba.cuda" in sys.modules))
+"""
+
+
+def startup(repeat):
+    """Print first-call latencies in fresh processes, cold and after warm-up."""
+    import os
+    import subprocess
+    import tempfile
+
+    def measure(env):
+        out = subprocess.run([sys.executable, "-c", _STARTUP], env=env, check=True,
+                             capture_output=True, text=True).stdout.split()
+        return [float(v) for v in out]
+
+    rows = {"cold": [], "after warmup": []}
+    for _ in range(repeat):
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+            rows["cold"].append(measure(env))
+            subprocess.run([sys.executable, "-m", "nbops", "warmup", "--ops", "relu",
+                            "--dtypes", "float32", "--quiet"], env=env, check=True,
+                           capture_output=True)
+            rows["after warmup"].append(measure(env))
+    print(f"fresh processes, median of {repeat} (ms): import numba | import nbops | "
+          "first nbops.relu(float32[1000]) | numba.cuda imported?")
+    for k, v in rows.items():
+        med = [statistics.median(c) for c in zip(*v)]
+        print(f"  {k:13s} {med[0] * 1e3:8.1f} | {med[1] * 1e3:8.1f} | {med[2] * 1e3:8.1f} | "
+              f"{'yes' if med[3] else 'no'}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1 << 24)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--startup", action="store_true",
+                    help="first-call latency in fresh processes instead")
     args = ap.parse_args(argv)
+    if args.startup:
+        startup(max(3, args.repeat // 5))
+        return 0
 
     import numba
     from numba import njit, prange
