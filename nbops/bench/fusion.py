@@ -4,6 +4,8 @@ pass and temporaries). Skipped with a note until ``nbops.fuse`` exists."""
 
 import functools
 
+import numpy as np
+
 import nbops
 
 from . import activations
@@ -13,6 +15,29 @@ from .harness import Case
 @functools.lru_cache(maxsize=None)
 def _fused():
     return nbops.fuse(lambda x, b: nbops.gelu(x + b), name="bias_gelu")
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_sum3():
+    return nbops.fuse(lambda x, y, z: (x + y) * z, reduce="sum", name="sum3")
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_chain5():
+    return nbops.fuse(lambda x, y: np.maximum(x * y + 1.0, 0.0) * 0.5 - x, name="chain5")
+
+
+def _setup3(n, dtype, rng):
+    return tuple(rng.standard_normal(n, dtype=dtype) for _ in range(3))
+
+
+def _sum3_baseline(x, y, z, out):
+    out[...] = ((x + y) * z).sum()   # NumPy: three passes and two temporaries
+    return out
+
+
+def _chain5_baseline(x, y, out):
+    return np.subtract(np.maximum(x * y + 1.0, 0.0) * 0.5, x, out=out)
 
 
 def _setup(n, dtype, rng):
@@ -30,4 +55,12 @@ def _reference(x, b):
 CASES = [
     Case("fuse_bias_gelu", _setup, lambda x, b, out: _fused()(x, b, out=out), _baseline,
          _reference, requires=("fuse",)),
+    # the issue-10 targets: >= 3x NumPy and >= 70% of a 3-input read (sum3),
+    # >= 4x NumPy (chain5), float32 16M on 2 threads
+    Case("fuse_sum3", _setup3, lambda x, y, z, out: _fused_sum3()(x, y, z, out=out),
+         _sum3_baseline, out_like=lambda ins: ((), ins[0].dtype),
+         nbytes=lambda ins, out: sum(a.nbytes for a in ins), requires=("fuse",)),
+    Case("fuse_chain5", lambda n, dtype, rng: _setup3(n, dtype, rng)[:2],
+         lambda x, y, out: _fused_chain5()(x, y, out=out), _chain5_baseline,
+         requires=("fuse",)),
 ]
