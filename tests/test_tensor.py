@@ -84,6 +84,7 @@ def test_transpose_matches_numpy(device, case):
 STRIDED = {
     "step": lambda a: a[::2, 1::3],
     "negative": lambda a: a[::-1, ::-2],
+    "reversed-rows": lambda a: a[::-1],          # tiles with a negative row stride
     "transposed": lambda a: a.T,
     "column": lambda a: a[:, 5],
     "offset-block": lambda a: a[3:, 2:-1],
