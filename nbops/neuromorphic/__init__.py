@@ -103,9 +103,9 @@ def _state(op, name, value, inputs, dev):
 
 def _param(op, name, value, dtype, step, low, high=None, low_open=False):
     """A model parameter: a number, or an array that broadcasts to one time
-    step. Returns ``(kernel value, shape or None)``: a dtype scalar, or a
-    per-neuron ``[M]`` array on the inputs' device; the shape is that of
-    the user's array (None for a number), to shape its gradient."""
+    step. Returns ``(value, shape or None)``: a dtype scalar, or a host
+    ``[M]`` array of per-neuron values; the shape is that of the user's
+    array (None for a number), to shape its gradient."""
     if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
         v = _checks.scalar(op, name, value, low=low, high=high, low_open=low_open)
         return dtype.type(v), None
@@ -135,8 +135,7 @@ def _param(op, name, value, dtype, step, low, high=None, low_open=False):
                          f"{host.reshape(-1)[np.argmax(bad.reshape(-1))]!r}")
     if host.size == 1:
         return dtype.type(host.reshape(-1)[0]), host.shape
-    full = np.ascontiguousarray(np.broadcast_to(host, step)).reshape(-1)
-    return (full if isinstance(value, np.ndarray) else _dispatch.to_device(full)), host.shape
+    return np.broadcast_to(host, step).reshape(-1), host.shape
 
 
 def _surrogate(op, surrogate, dtype, given):
@@ -208,25 +207,43 @@ class _Call:
             self.dtype.type(0)
         q3 = _param(op, names[1], p3, self.dtype, step, 0.0)[0] if names[1] else \
             self.dtype.type(0)
-        self.p = (bt, th, q2, q3)
+        # the kernels take the parameters as rows of one [4, 1] (shared) or
+        # [4, M] (per neuron) array
+        self.m = int(np.prod(step))
+        p = [bt, th, q2, q3]
+        cols = self.m if any(np.ndim(v) for v in p) else 1
+        prm = np.empty((4, cols), self.dtype)
+        for row, v in enumerate(p):
+            prm[row] = v
+        self.p = prm if self.dev == _dispatch.CPU else _dispatch.to_device(prm)
         self.surrogate, self.sp = _surrogate(op, surrogate, self.dtype, sgrad or {})
         if not isinstance(detach_reset, (bool, np.bool_)):
             raise TypeError(f"{op}: argument 'detach_reset' must be a bool, got "
                             f"{_checks.describe(detach_reset)}")
         self.c = _lif.consts(self.dtype, reset, detach_reset, self.refractory)
-        self.a0 = _state(op, a0[0], a0[1], inputs, self.dev)
-        self.b0 = _state(op, b0[0], b0[1], inputs, self.dev)
-        self.m = int(np.prod(step))
+        # rest is zeros, passed as an array: one kernel signature per model
+        # (LIF without refractory period keeps no second state at all)
+        self.keep_b = model != "lif" or self.refractory > 0
+        self.a0 = self._state0(a0, inputs)
+        self.b0 = self._state0(b0, inputs) if self.keep_b else None
         self.x = _contiguous(inputs).reshape(self.shape[0], self.m)
+
+    def _state0(self, named, inputs):
+        given = _state(self.op, named[0], named[1], inputs, self.dev)
+        return self.zeros(self.m) if given is None else given
+
+    def zeros(self, n):
+        z = np.zeros(n, self.dtype)
+        return z if self.dev == _dispatch.CPU else _dispatch.to_device(z)
 
     def empty(self, shape, dtype=None):
         return _checks.empty(shape, dtype or self.dtype, self.dev)
 
-    def forward(self, keep_b, trace, spike_dtype, out=None):
+    def forward(self, trace, spike_dtype, out=None):
         sd = _spike_dtype(self.op, spike_dtype, self.dtype)
         spk = _checks.output(self.op, out, self.shape, sd, self.dev, {"inputs": self.x})
         a = self.empty(self.shape[1:])
-        b = self.empty(self.shape[1:]) if keep_b else None
+        b = self.empty(self.shape[1:]) if self.keep_b else None
         tr = self.empty(self.shape) if trace else None
         t, m = self.shape[0], self.m
         _dispatch.kernel("spiking_forward", self.dev)(
@@ -238,15 +255,18 @@ class _Call:
     def backward(self, grad_spikes, grad_a, grad_b, grad_trace):
         t, m = self.shape[0], self.m
         gs = self._grad("grad_spikes", grad_spikes, self.shape).reshape(t, m)
-        ga = self._grad(f"grad_{'v'}", grad_a, self.shape[1:])
+        ga = self._grad("grad_v", grad_a, self.shape[1:])
         gb = self._grad("grad_state", grad_b, self.shape[1:])
+        ga = self.zeros(m) if ga is None else ga.reshape(m)
+        gb = self.zeros(m) if gb is None else gb.reshape(m)
         gtr = self._grad("grad_trace", grad_trace, self.shape)
         gx = self.empty(self.shape)
         ga0, gb0, gbeta, gthr = (self.empty((m,)) for _ in range(4))
         _dispatch.kernel("spiking_backward", self.dev)(
-            self.model, self.surrogate, self.x, self.a0, self.b0, self.p, self.c, self.sp, gs,
+            self.model, self.surrogate, self.x, self.a0,
+            self.zeros(m) if self.b0 is None else self.b0, self.p, self.c, self.sp, gs,
             None if gtr is None else gtr.reshape(t, m),
-            None if ga is None else ga.reshape(m), None if gb is None else gb.reshape(m),
+            ga, gb,
             gx.reshape(t, m), ga0, gb0, gbeta, gthr)
         step = self.shape[1:]
         return (gx, _reduce(gbeta, self.beta_shape, step, self.dev),
@@ -401,7 +421,7 @@ def lif(inputs, beta, threshold=1.0, reset="subtract", v0=None, *, refractory=0,
     call = _Call("lif", "lif", inputs, beta, threshold, reset, ("v0", v0), ("r0", None),
                  refractory=refractory, surrogate=surrogate,
                  sgrad=_surrogate_kw(slope, alpha, width), detach_reset=detach_reset)
-    spk, v, _, tr = call.forward(call.refractory > 0, trace, spike_dtype, out)
+    spk, v, _, tr = call.forward(trace, spike_dtype, out)
     return (spk, v, tr) if trace else (spk, v)
 
 
@@ -423,7 +443,7 @@ def if_neuron(inputs, threshold=1.0, reset="subtract", v0=None, *, refractory=0,
     call = _Call("if_neuron", "lif", inputs, 1.0, threshold, reset, ("v0", v0), ("r0", None),
                  refractory=refractory, surrogate=surrogate,
                  sgrad=_surrogate_kw(slope, alpha, width), detach_reset=detach_reset)
-    spk, v, _, tr = call.forward(call.refractory > 0, trace, spike_dtype, out)
+    spk, v, _, tr = call.forward(trace, spike_dtype, out)
     return (spk, v, tr) if trace else (spk, v)
 
 
@@ -448,7 +468,7 @@ def synaptic(inputs, alpha, beta, threshold=1.0, reset="subtract", syn0=None, v0
     call = _Call("synaptic", "synaptic", inputs, beta, threshold, reset, ("v0", v0),
                  ("syn0", syn0), p2=alpha, surrogate=surrogate,
                  sgrad=_surrogate_kw(slope, None, width), detach_reset=detach_reset)
-    spk, v, syn, tr = call.forward(True, trace, spike_dtype, out)
+    spk, v, syn, tr = call.forward(trace, spike_dtype, out)
     return (spk, syn, v, tr) if trace else (spk, syn, v)
 
 
@@ -471,7 +491,7 @@ def alif(inputs, beta, threshold=1.0, adapt_decay=0.95, adapt_scale=0.2, reset="
     call = _Call("alif", "alif", inputs, beta, threshold, reset, ("v0", v0), ("a0", a0),
                  p2=adapt_decay, p3=adapt_scale, surrogate=surrogate,
                  sgrad=_surrogate_kw(slope, alpha, width), detach_reset=detach_reset)
-    spk, v, a, tr = call.forward(True, trace, spike_dtype, out)
+    spk, v, a, tr = call.forward(trace, spike_dtype, out)
     return (spk, v, a, tr) if trace else (spk, v, a)
 
 
@@ -601,5 +621,5 @@ def lif_step(x, state=None, params=LIFParameters(), spike_dtype=None):
         v0 = v0.reshape(seq.shape[1:])
     call = _Call("lif_step", "lif", seq, params.beta, params.threshold, params.reset,
                  ("state.v", v0), ("r0", None))
-    spk, v, _, _ = call.forward(False, False, spike_dtype)
+    spk, v, _, _ = call.forward(False, spike_dtype)
     return spk.reshape(x.shape), LIFState(v.reshape(x.shape))

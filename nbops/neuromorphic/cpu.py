@@ -21,8 +21,8 @@ so spikes and membranes are bit-identical to it.
 import importlib
 
 import numpy as np
-from numba import prange, types
-from numba.extending import overload, register_jitable
+from numba import prange
+from numba.extending import register_jitable
 
 from .._jit import cpu_kernel
 # the package's ``lif`` attribute is the public function; reach the module by name
@@ -36,73 +36,64 @@ CHUNK = 1024
 BACKWARD_BUFFER = 256 * 1024
 
 
-def _at_py(p, j):
-    return p if np.isscalar(p) else p[j]
-
-
-@overload(_at_py, jit_options={"fastmath": set(_FASTMATH)})
-def _at_impl(p, j):
-    # a parameter is a scalar (the same for every neuron) or one value per neuron
-    if isinstance(p, types.Array):
-        return lambda p, j: p[j]
-    return lambda p, j: p
-
-
-@register_jitable
-def _pick(p, j):
-    return (_at_py(p[0], j), _at_py(p[1], j), _at_py(p[2], j), _at_py(p[3], j))
-
-
 for _f in _lif.functions().values():
     register_jitable(_f)
 del _f
 
 
-def _named(fn, name):
+def _named(fn, name, parallel=True):
     # a unique qualname gives each generated kernel its own on-disk cache entry
     fn.__name__ = fn.__qualname__ = name
-    return cpu_kernel(fn, parallel=True, fastmath=_FASTMATH)
+    return cpu_kernel(fn, parallel=parallel, fastmath=_FASTMATH)
 
 
 def _forward_kernels(model):
     step = _lif.MODELS[model][0]
 
-    def chunked(x, a0, b0, p, c, chunk, spk, a_out, b_out, trace):
-        n_t, m = x.shape
-        for k in prange((m + chunk - 1) // chunk):
-            j0 = k * chunk
-            j1 = min(j0 + chunk, m)
-            for j in range(j0, j1):
-                a_out[j] = a0[j] if a0 is not None else c.zero
-                if b_out is not None:
-                    b_out[j] = b0[j] if b0 is not None else c.zero
-            for t in range(n_t):
-                for j in range(j0, j1):
-                    b = b_out[j] if b_out is not None else c.zero
-                    s, u, th, a2, b2 = step(x[t, j], a_out[j], b, _pick(p, j), c)
-                    spk[t, j] = s
-                    a_out[j] = a2
-                    if b_out is not None:
-                        b_out[j] = b2
-                    if trace is not None:
-                        trace[t, j] = u
+    def chunk_body(x, a0, b0, prm, c, j0, j1, spk, a_out, b_out, keep_b, trace, tstride):
+        # one chunk's whole time loop, neurons innermost (unit stride), the
+        # state in chunk-local buffers; the trace row of step t starts at
+        # t * tstride (0: a scratch row, the trace is not kept)
+        pb = _params(prm, j0, j1)
+        sa = a0[j0:j1].copy()
+        sb = b0[j0:j1].copy() if keep_b else np.zeros(j1 - j0, x.dtype)
+        for t in range(x.shape[0]):
+            row = t * tstride
+            for i in range(j1 - j0):
+                j = j0 + i
+                s, u, th, a2, b2 = step(x[t, j], sa[i], sb[i],
+                                        (pb[0, i], pb[1, i], pb[2, i], pb[3, i]), c)
+                spk[t, j] = s
+                sa[i] = a2
+                sb[i] = b2
+                trace[row + j] = u
+        a_out[j0:j1] = sa
+        if keep_b:
+            b_out[j0:j1] = sb
 
-    def time_outer(x, a0, b0, p, c, chunk, spk, a_out, b_out, trace):
+    body = _named(chunk_body, f"{model}_forward_chunk", parallel=False)
+
+    def chunked(x, a0, b0, prm, c, chunk, spk, a_out, b_out, keep_b, trace, tstride):
+        m = x.shape[1]
+        for k in prange((m + chunk - 1) // chunk):
+            body(x, a0, b0, prm, c, k * chunk, min(k * chunk + chunk, m), spk, a_out, b_out,
+                 keep_b, trace, tstride)
+
+    def time_outer(x, a0, b0, prm, c, chunk, spk, a_out, b_out, keep_b, trace, tstride):
         n_t, m = x.shape
         for j in prange(m):
-            a_out[j] = a0[j] if a0 is not None else c.zero
-            if b_out is not None:
-                b_out[j] = b0[j] if b0 is not None else c.zero
+            a_out[j] = a0[j]
+            b_out[j] = b0[j] if keep_b else c.zero
         for t in range(n_t):
             for j in prange(m):
-                b = b_out[j] if b_out is not None else c.zero
-                s, u, th, a2, b2 = step(x[t, j], a_out[j], b, _pick(p, j), c)
+                # (a prange index may be unsigned: keep the select in int64)
+                q = np.int64(j) if prm.shape[1] > 1 else np.int64(0)
+                s, u, th, a2, b2 = step(x[t, j], a_out[j], b_out[j],
+                                        (prm[0, q], prm[1, q], prm[2, q], prm[3, q]), c)
                 spk[t, j] = s
                 a_out[j] = a2
-                if b_out is not None:
-                    b_out[j] = b2
-                if trace is not None:
-                    trace[t, j] = u
+                b_out[j] = b2
+                trace[t * tstride + j] = u
 
     return (_named(chunked, f"{model}_forward"), _named(time_outer, f"{model}_forward_t"))
 
@@ -111,51 +102,72 @@ def _backward_kernel(model, surrogate):
     step, adj = _lif.MODELS[model][:2]
     sg = _lif.SURROGATES[surrogate][0]
 
-    def bwd(x, a0, b0, p, c, sp, chunk, gs, gtrace, ga_t, gb_t, gx, ga0, gb0, gbeta, gthr):
-        n_t, m = x.shape
+    def chunk_body(x, a0, b0, prm, c, sp, j0, n, gs, gtrace, gtstride, ga_t, gb_t, gx, ga0,
+                   gb0, gbeta, gthr):
+        n_t = x.shape[0]
+        pb = _params(prm, j0, j0 + n)
+        uu = np.empty((n_t, n), x.dtype)
+        tt = np.empty((n_t, n), x.dtype)
+        vp = np.empty((n_t, n), x.dtype)
+        sa = np.empty(n, x.dtype)
+        sb = np.empty(n, x.dtype)
+        for i in range(n):
+            sa[i] = a0[j0 + i]
+            sb[i] = b0[j0 + i]
+        for t in range(n_t):
+            for i in range(n):
+                s, u, th, a2, b2 = step(x[t, j0 + i], sa[i], sb[i],
+                                        (pb[0, i], pb[1, i], pb[2, i], pb[3, i]), c)
+                uu[t, i] = u
+                tt[t, i] = th
+                vp[t, i] = sa[i]
+                sa[i] = a2
+                sb[i] = b2
+        # sa/sb now carry the gradients of the state, from the last step back
+        for i in range(n):
+            sa[i] = ga_t[j0 + i]
+            sb[i] = gb_t[j0 + i]
+            gbeta[j0 + i] = c.zero
+            gthr[j0 + i] = c.zero
+        for k in range(n_t):
+            t = n_t - 1 - k
+            for i in range(n):
+                j = j0 + i
+                u = uu[t, i]
+                th = tt[t, i]
+                gu_ext = gtrace[t * gtstride + j]
+                g, ga, gb, db, dth = adj(gs[t, j], gu_ext, u, th, vp[t, i], u > th,
+                                         sg(u - th, sp, c), sa[i], sb[i],
+                                         (pb[0, i], pb[1, i], pb[2, i], pb[3, i]), c)
+                gx[t, j] = g
+                sa[i] = ga
+                sb[i] = gb
+                gbeta[j] += db
+                gthr[j] += dth
+        for i in range(n):
+            ga0[j0 + i] = sa[i]
+            gb0[j0 + i] = sb[i]
+
+    body = _named(chunk_body, f"{model}_{surrogate}_backward_chunk", parallel=False)
+
+    def bwd(x, a0, b0, prm, c, sp, chunk, gs, gtrace, gtstride, ga_t, gb_t, gx, ga0, gb0,
+            gbeta, gthr):
+        m = x.shape[1]
         for k in prange((m + chunk - 1) // chunk):
-            j0 = k * chunk
-            n = min(chunk, m - j0)
-            uu = np.empty((n_t, n), x.dtype)
-            tt = np.empty((n_t, n), x.dtype)
-            vp = np.empty((n_t, n), x.dtype)
-            sa = np.empty(n, x.dtype)
-            sb = np.empty(n, x.dtype)
-            for i in range(n):
-                sa[i] = a0[j0 + i] if a0 is not None else c.zero
-                sb[i] = b0[j0 + i] if b0 is not None else c.zero
-            for t in range(n_t):
-                for i in range(n):
-                    s, u, th, a2, b2 = step(x[t, j0 + i], sa[i], sb[i], _pick(p, j0 + i), c)
-                    uu[t, i] = u
-                    tt[t, i] = th
-                    vp[t, i] = sa[i]
-                    sa[i] = a2
-                    sb[i] = b2
-            # sa/sb now carry the gradients of the state, from the last step back
-            for i in range(n):
-                sa[i] = ga_t[j0 + i] if ga_t is not None else c.zero
-                sb[i] = gb_t[j0 + i] if gb_t is not None else c.zero
-                gbeta[j0 + i] = c.zero
-                gthr[j0 + i] = c.zero
-            for t in range(n_t - 1, -1, -1):
-                for i in range(n):
-                    j = j0 + i
-                    u = uu[t, i]
-                    th = tt[t, i]
-                    gu_ext = gtrace[t, j] if gtrace is not None else c.zero
-                    g, ga, gb, db, dth = adj(gs[t, j], gu_ext, u, th, vp[t, i], u > th,
-                                             sg(u - th, sp, c), sa[i], sb[i], _pick(p, j), c)
-                    gx[t, j] = g
-                    sa[i] = ga
-                    sb[i] = gb
-                    gbeta[j] += db
-                    gthr[j] += dth
-            for i in range(n):
-                ga0[j0 + i] = sa[i]
-                gb0[j0 + i] = sb[i]
+            body(x, a0, b0, prm, c, sp, k * chunk, min(chunk, m - k * chunk), gs, gtrace,
+                 gtstride, ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
 
     return _named(bwd, f"{model}_{surrogate}_backward")
+
+
+@register_jitable
+def _params(prm, j0, j1):
+    # the chunk's parameters, unit stride: shared ([4, 1]) or per neuron ([4, M])
+    pb = np.empty((4, j1 - j0), prm.dtype)
+    for k in range(4):
+        for j in range(j0, j1):
+            pb[k, j - j0] = prm[k, j if prm.shape[1] > 1 else 0]
+    return pb
 
 
 _FORWARD = {}
@@ -169,29 +181,37 @@ def _forward_for(model):
 
 
 def forward(model, x, a0, b0, p, c, spk, a_out, b_out, trace, time_outer=False):
-    """Run ``model`` over ``x[T, M]`` from state ``(a0, b0)`` (None = rest).
+    """Run ``model`` over ``x[T, M]`` from state ``a0[M]``, ``b0[M]`` (b0 None:
+    the model's second state starts at 0 and is not kept).
 
     Writes spikes ``spk[T, M]`` (float, uint8 or bool), the final state
-    ``a_out[M]`` and ``b_out[M]`` (None: the model's second state is not
-    kept), and the pre-reset membrane ``trace[T, M]`` unless it is None.
-    ``p`` holds four parameters, each a scalar of x's dtype or an ``[M]``
-    array. ``time_outer`` picks the other loop order (benchmarks only).
+    ``a_out[M]`` and ``b_out[M]`` (unless None), and the pre-reset membrane
+    ``trace[T, M]`` unless it is None. ``p`` is a ``[4, 1]`` (shared) or
+    ``[4, M]`` (per-neuron) array of the parameters ``(beta, threshold, p2,
+    p3)``. ``time_outer`` picks the other loop order (benchmarks only).
+    Absent arrays become small scratch buffers, so that one compiled kernel
+    serves every combination.
     """
-    if x.shape[1] == 0:
+    n_t, m = x.shape
+    if m == 0:
         return
+    keep_b = b_out is not None
+    if not keep_b:
+        b0 = b_out = np.zeros(m, x.dtype)
+    tr, ts = (trace.reshape(-1), m) if trace is not None else (np.empty(m, x.dtype), 0)
     kern = _forward_for(model)[1 if time_outer else 0]
-    kern(x, a0, b0, p, c, _chunk(x.shape[1]), spk, a_out, b_out, trace)
+    kern(x, a0, b0, p, c, _chunk(m), spk, a_out, b_out, keep_b, tr, ts)
 
 
 def backward(model, surrogate, x, a0, b0, p, c, sp, gs, gtrace, ga_t, gb_t,
              gx, ga0, gb0, gbeta, gthr):
     """BPTT of ``model`` with surrogate ``surrogate`` (parameter ``sp``).
 
-    Inputs as :func:`forward` plus the gradients of the spikes ``gs[T, M]``,
-    of the trace ``gtrace`` and of the final state ``ga_t``/``gb_t`` (each
-    None when absent). Writes ``gx[T, M]``, the gradients of the initial
-    state ``ga0``/``gb0`` and per-neuron parameter gradients ``gbeta``,
-    ``gthr`` (all ``[M]``).
+    Inputs as :func:`forward` (here ``b0`` is an array) plus the gradients
+    of the spikes ``gs[T, M]``, of the trace ``gtrace[T, M]`` (or None) and
+    of the final state ``ga_t``/``gb_t`` ``[M]``. Writes ``gx[T, M]``, the
+    gradients of the initial state ``ga0``/``gb0`` and per-neuron parameter
+    gradients ``gbeta``, ``gthr`` (all ``[M]``).
     """
     n_t, m = x.shape
     if m == 0:
@@ -199,8 +219,10 @@ def backward(model, surrogate, x, a0, b0, p, c, sp, gs, gtrace, ga_t, gb_t,
     key = (model, surrogate)
     if key not in _BACKWARD:
         _BACKWARD[key] = _backward_kernel(model, surrogate)
+    # chunk-local buffers of three [T, chunk] traces stay within L2
     chunk = max(16, min(CHUNK, BACKWARD_BUFFER // (3 * max(n_t, 1) * x.itemsize) // 16 * 16))
-    _BACKWARD[key](x, a0, b0, p, c, sp, _chunk(m, chunk), gs, gtrace, ga_t, gb_t,
+    gtr, gts = (gtrace.reshape(-1), m) if gtrace is not None else (np.zeros(m, x.dtype), 0)
+    _BACKWARD[key](x, a0, b0, p, c, sp, _chunk(m, chunk), gs, gtr, gts, ga_t, gb_t,
                    gx, ga0, gb0, gbeta, gthr)
 
 

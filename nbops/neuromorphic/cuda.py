@@ -6,9 +6,7 @@ spikes, so every access is coalesced and the state stays in registers.
 
 Backward through time recomputes the forward into scratch traces (``[T, M]``
 in global memory: a thread cannot hold its whole history in registers), then
-walks them in reverse. Launchers have the CPU module's signatures; scalar
-parameters become one-element device arrays so that every kernel sees one
-parameter layout.
+walks them in reverse. Launchers have the CPU module's signatures.
 """
 
 import importlib
@@ -37,9 +35,9 @@ _DEVICE = _device_functions()
 
 @cuda.jit(device=True)
 def _pick(p, j):
-    # a one-element array is a parameter shared by every neuron
-    return (p[0][j if p[0].shape[0] > 1 else 0], p[1][j if p[1].shape[0] > 1 else 0],
-            p[2][j if p[2].shape[0] > 1 else 0], p[3][j if p[3].shape[0] > 1 else 0])
+    # p is [4, 1] (shared by every neuron) or [4, M]
+    q = j if p.shape[1] > 1 else 0
+    return (p[0, q], p[1, q], p[2, q], p[3, q])
 
 
 def _forward_kernel(model):
@@ -49,7 +47,7 @@ def _forward_kernel(model):
     def fwd(x, a0, b0, p, c, spk, a_out, b_out, trace):
         n_t, m = x.shape
         for j in range(cuda.grid(1), m, cuda.gridsize(1)):
-            a = a0[j] if a0 is not None else c.zero
+            a = a0[j]
             b = b0[j] if b0 is not None else c.zero
             q = _pick(p, j)
             for t in range(n_t):
@@ -73,16 +71,16 @@ def _backward_kernel(model, surrogate):
     def bwd(x, a0, b0, p, c, sp, gs, gtrace, ga_t, gb_t, uu, tt, vp, gx, ga0, gb0, gbeta, gthr):
         n_t, m = x.shape
         for j in range(cuda.grid(1), m, cuda.gridsize(1)):
-            a = a0[j] if a0 is not None else c.zero
-            b = b0[j] if b0 is not None else c.zero
+            a = a0[j]
+            b = b0[j]
             q = _pick(p, j)
             for t in range(n_t):
                 vp[t, j] = a
                 s, u, th, a, b = step(x[t, j], a, b, q, c)
                 uu[t, j] = u
                 tt[t, j] = th
-            ga = ga_t[j] if ga_t is not None else c.zero
-            gb = gb_t[j] if gb_t is not None else c.zero
+            ga = ga_t[j]
+            gb = gb_t[j]
             acc_beta = c.zero
             acc_thr = c.zero
             for k in range(n_t):
@@ -107,11 +105,6 @@ _FORWARD = {}
 _BACKWARD = {}
 
 
-def _params(p, dtype):
-    return tuple(v if hasattr(v, "shape") and not isinstance(v, np.generic) else cuda.to_device(np.full(1, v, dtype))
-                 for v in p)
-
-
 def forward(model, x, a0, b0, p, c, spk, a_out, b_out, trace, time_outer=False):
     """As :func:`nbops.neuromorphic.cpu.forward`, on device arrays."""
     n_t, m = x.shape
@@ -120,7 +113,7 @@ def forward(model, x, a0, b0, p, c, spk, a_out, b_out, trace, time_outer=False):
     if model not in _FORWARD:
         _FORWARD[model] = _forward_kernel(model)
     blocks, threads = grid_1d(m)
-    _FORWARD[model][blocks, threads](x, a0, b0, _params(p, x.dtype), c, spk, a_out, b_out,
+    _FORWARD[model][blocks, threads](x, a0, b0, p, c, spk, a_out, b_out,
                                      trace)
 
 
@@ -135,7 +128,7 @@ def backward(model, surrogate, x, a0, b0, p, c, sp, gs, gtrace, ga_t, gb_t,
         _BACKWARD[key] = _backward_kernel(model, surrogate)
     uu, tt, vp = (cuda.device_array((n_t, m), x.dtype) for _ in range(3))
     blocks, threads = grid_1d(m)
-    _BACKWARD[key][blocks, threads](x, a0, b0, _params(p, x.dtype), c, sp, gs, gtrace,
+    _BACKWARD[key][blocks, threads](x, a0, b0, p, c, sp, gs, gtrace,
                                     ga_t, gb_t, uu, tt, vp, gx, ga0, gb0, gbeta, gthr)
 
 

@@ -52,9 +52,9 @@ def _storage(op, dtype, allowed=_SPIKE_STORAGE):
     return d
 
 
-def _flat(x):
+def _flat(x, dtype=None):
     if isinstance(x, np.ndarray):
-        return np.ascontiguousarray(x).reshape(-1)
+        return np.ascontiguousarray(x, dtype).reshape(-1)
     from .. import _layout
 
     if not _layout.is_c_contiguous(x):
@@ -75,7 +75,9 @@ def _encode(op, kernel, x, num_steps, dtype, args):
     d = _storage(op, dtype)
     dev = _dispatch.resolve_device(op, x=x)
     out = _checks.empty((t,) + tuple(x.shape), d, dev)
-    _dispatch.kernel(kernel, dev)(_flat(x), *args, out.reshape(t, -1) if x.size else out)
+    # the kernels compute in float64 anyway: one compiled CPU kernel per output dtype
+    _dispatch.kernel(kernel, dev)(_flat(x, np.float64), *args,
+                                  out.reshape(t, -1) if x.size else out)
     return out
 
 
@@ -205,6 +207,11 @@ def _spikes(op, spikes):
     return _dispatch.resolve_device(op, spikes=spikes)
 
 
+def _counted(spikes):
+    # bool spikes are counted through their bytes: one kernel for bool and uint8
+    return spikes.view(np.uint8) if spikes.dtype == np.bool_ else spikes
+
+
 @operator("spike_count")
 def spike_count(spikes):
     """Spikes per neuron over the time axis (rate decoding).
@@ -223,7 +230,8 @@ def spike_count(spikes):
     d = spikes.dtype if spikes.dtype.kind == "f" else np.dtype(np.int32)
     out = _checks.empty(tuple(spikes.shape[1:]), d, dev)
     t = spikes.shape[0]
-    _dispatch.kernel("spike_spike_count", dev)(_flat(spikes).reshape(t, -1), out.reshape(-1))
+    _dispatch.kernel("spike_spike_count", dev)(_flat(_counted(spikes)).reshape(t, -1),
+                                               out.reshape(-1))
     return out
 
 
@@ -242,6 +250,6 @@ def first_spike_time(spikes):
     dev = _spikes("first_spike_time", spikes)
     out = _checks.empty(tuple(spikes.shape[1:]), np.int32, dev)
     t = spikes.shape[0]
-    _dispatch.kernel("spike_first_spike_time", dev)(_flat(spikes).reshape(t, -1),
+    _dispatch.kernel("spike_first_spike_time", dev)(_flat(_counted(spikes)).reshape(t, -1),
                                                     out.reshape(-1))
     return out
