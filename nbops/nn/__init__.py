@@ -15,5 +15,7 @@ from .module import Module, Parameter, Sequential
 __all__ = ["Module", "Parameter", "Sequential", "Linear", "ReLU", "GELU", "SiLU", "Sigmoid",
            "Tanh", "Swish", "Dropout", "mse_loss", "cross_entropy",
            "binary_cross_entropy_with_logits"]
+from .spiking import ALIF, LIF, Synaptic, TimeDistributed  # noqa: E402,F401
+__all__ += ["LIF", "Synaptic", "ALIF", "TimeDistributed"]
 from .graph import GraphConv  # noqa: E402,F401
 __all__ += ["GraphConv"]
