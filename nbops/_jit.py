@@ -19,8 +19,16 @@ every compilation of a dispatcher (first call, a call from another jitted
 function, or a cache load) goes through ``Dispatcher.compile``; so each
 kernel's ``compile`` is wrapped to switch SLP on for its own duration only.
 ``tests/test_jit.py`` proves it by reading the assembly.
+
+Numba's on-disk cache checks only the source file of the function it
+caches, not the modules that function calls into; a kernel built from
+:mod:`nbops._formulas` and :mod:`nbops.cpu._approx` would keep running stale
+machine code after either changed. ``cpu_kernel`` therefore adds a digest of
+those shared sources (and of this file) to each kernel's cache key.
 """
 
+import hashlib
+import pathlib
 import threading
 
 from numba import config, njit
@@ -47,9 +55,40 @@ def cpu_kernel(fn=None, *, parallel=False, fastmath=FASTMATH, slp=True, **option
                     fastmath=set(fastmath), **options)(f)
         if slp:
             _compile_with_slp(disp)
+        _key_on_shared_sources(disp)
         return disp
 
     return deco(fn) if fn is not None else deco
+
+
+#: Sources that kernels in other files compile into themselves.
+SHARED_SOURCES = ("_jit.py", "_formulas.py", "cpu/_approx.py")
+_digest = None
+
+
+def _shared_digest():
+    global _digest
+    if _digest is None:
+        root = pathlib.Path(__file__).parent
+        h = hashlib.sha256()
+        for rel in SHARED_SOURCES:
+            path = root / rel
+            h.update(path.read_bytes() if path.exists() else b"")
+        _digest = h.hexdigest()
+    return _digest
+
+
+def _key_on_shared_sources(disp):
+    cache = getattr(disp, "_cache", None)
+    index_key = getattr(cache, "_index_key", None)
+    if index_key is None:  # caching unavailable (e.g. no writable directory)
+        return
+
+    def keyed(sig, codegen):
+        sig_, magic, hashes = index_key(sig, codegen)
+        return sig_, magic, hashes + (_shared_digest(),)
+
+    cache._index_key = keyed
 
 
 def _compile_with_slp(disp):

@@ -54,3 +54,23 @@ def test_cpu_kernel_options():
     assert k.targetoptions["nogil"]
     flags = k.targetoptions["fastmath"]
     assert "nnan" not in str(flags) and "ninf" not in str(flags)
+
+
+def _plus_one(x):
+    return x + 1
+
+
+def test_cache_key_covers_shared_sources():
+    """Editing _formulas.py or cpu/_approx.py must invalidate cached kernels
+    that inline them, although Numba checks only the kernel's own file."""
+    k = _jit.cpu_kernel(_plus_one)
+    k(1.0)
+    sig = k.signatures[0]
+    key = k._cache._index_key(sig, k.targetctx.codegen())
+    assert key[-1][-1] == _jit._shared_digest()
+    saved = _jit._digest
+    try:
+        _jit._digest = "edited"
+        assert k._cache._index_key(sig, k.targetctx.codegen()) != key
+    finally:
+        _jit._digest = saved
