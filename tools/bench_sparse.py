@@ -17,6 +17,8 @@ reads the pattern, X and Y and writes the values.
 """
 
 import argparse
+import os
+import sys
 import time
 
 import numpy as np
@@ -27,31 +29,14 @@ import nbops
 from nbops import sparse
 from nbops._jit import cpu_kernel
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from benchmarks.bench_sparse import powerlaw, uniform  # noqa: E402  (one definition)
+
 
 @cpu_kernel(parallel=True)
 def _copy(src, dst):
     for i in prange(src.size):
         dst[i] = src[i]
-
-
-def uniform(m, n, per_row, rng):
-    ind = rng.integers(0, n, (m, per_row), dtype=np.int32)
-    ind.sort(axis=1)
-    ptr = np.arange(m + 1, dtype=np.int32) * per_row
-    return sp.csr_array((rng.standard_normal(m * per_row, np.float32), ind.reshape(-1), ptr),
-                        shape=(m, n))
-
-
-def powerlaw(m, n, nnz, rng, a=2.0):
-    lengths = np.minimum(rng.zipf(a, m), n // 20).astype(np.float64)
-    lengths = np.floor(lengths * (nnz / lengths.sum())).astype(np.int64)
-    lengths[np.argsort(lengths)[-(nnz - lengths.sum()):]] += 1  # exact total
-    rng.shuffle(lengths)
-    ptr = np.zeros(m + 1, np.int64)
-    np.cumsum(lengths, out=ptr[1:])
-    ind = rng.integers(0, n, nnz, dtype=np.int32)
-    return sp.csr_array((rng.standard_normal(nnz, np.float32), ind, ptr.astype(np.int32)),
-                        shape=(m, n))
 
 
 def median_times(fns, repeat):
