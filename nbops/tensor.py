@@ -22,6 +22,7 @@ both sides traverse alike are merged, and a copy whose source is contiguous
 along another axis than the destination becomes a tiled transpose.
 """
 
+import math
 import numbers
 from collections import namedtuple
 
@@ -91,7 +92,7 @@ def _copy(device, dst, src, shape, src_strides, dst_offset=0):
     """Copy the layout ``(shape, src_strides)`` of ``src`` into the
     C-contiguous-rowed region of ``dst`` starting ``dst_offset`` bytes in
     (``dst``'s own strides)."""
-    if int(np.prod(shape, dtype=np.int64)) == 0:
+    if math.prod(shape) == 0:
         return dst
     itemsize = src.dtype.itemsize
     plan, word = plan_copy(shape, dst.strides, src_strides, itemsize)
@@ -437,7 +438,7 @@ def _target_shape(op, shape, size, old_shape):
         raise ValueError(f"{op}: only one dimension can be -1, got shape {tuple(dims)}")
     if any(d < -1 for d in dims):
         raise ValueError(f"{op}: dimensions must be >= 0 (or one -1), got shape {tuple(dims)}")
-    known = int(np.prod([d for d in dims if d != -1], dtype=np.int64))
+    known = math.prod(d for d in dims if d != -1)
     if unknown:
         if known == 0 or size % known:
             raise ValueError(f"{op}: cannot infer the -1 in {tuple(dims)} for an array of "
@@ -454,7 +455,7 @@ def view_strides(old_shape, old_strides, new_shape, itemsize):
     without moving data, or None when no view exists (PyTorch's rule: each
     group of old axes that is contiguous within itself maps onto a group of
     new axes with the same number of elements)."""
-    if int(np.prod(old_shape, dtype=np.int64)) <= 1:
+    if math.prod(old_shape) <= 1:
         return _c_strides(new_shape, itemsize)
     # size-1 axes carry no layout: drop them from the old side
     old = [(n, s) for n, s in zip(old_shape, old_strides) if n != 1]
@@ -519,7 +520,7 @@ def reshape(x, shape):
     op = "reshape"
     _array(op, "x", x)
     dev = _dispatch.resolve_device(op, x=x)
-    new_shape = _target_shape(op, shape, int(np.prod(x.shape, dtype=np.int64)), x.shape)
+    new_shape = _target_shape(op, shape, math.prod(x.shape), x.shape)
     strides = view_strides(tuple(x.shape), tuple(x.strides), new_shape, x.dtype.itemsize)
     if strides is None:
         x = _contiguous_copy(x, dev)

@@ -483,3 +483,11 @@ def test_cpu_and_cuda_modules_offer_the_same_names(name):
     assert set(cpu.__all__) == set(cuda.__all__)
     for n in cpu.__all__:
         assert callable(getattr(cpu, n)) and callable(getattr(cuda, n))
+
+
+def test_small_copies_run_serially_and_restore_threads():
+    threads = nbops.get_num_threads()
+    small = rand((8, 8))
+    assert small.nbytes < cpu_tensor.SERIAL_BYTES
+    check_same(nbops.transpose(small), np.ascontiguousarray(small.T))
+    assert nbops.get_num_threads() == threads

@@ -27,8 +27,10 @@ Loop shapes:
   are a batch.
 """
 
+import math
+
 import numpy as np
-from numba import get_num_threads, prange, uint64
+from numba import get_num_threads, prange, set_num_threads, uint64
 
 from .._jit import cpu_kernel
 
@@ -43,6 +45,11 @@ TILE = 256
 PAD = 16
 #: Elements per work item when a copy has fewer rows than threads can share.
 CHUNK = 1 << 15
+#: Copies smaller than this run on the calling thread alone: waking the
+#: other threads costs tens of microseconds on an idle machine (one thread
+#: moves about this much meanwhile) and milliseconds on a busy one (an 8x8
+#: transpose: 0.7-9 ms on 2 threads, 0.2 ms on 1, on a loaded 2-core box).
+SERIAL_BYTES = 1 << 18
 
 
 def strided_copy(dst, doff, dstr, src, soff, sstr, shape, axis):
@@ -58,19 +65,32 @@ def strided_copy(dst, doff, dstr, src, soff, sstr, shape, axis):
     # a read-only source gives every call the same kernel signature
     src = src.view()
     src.flags.writeable = False
+    size = math.prod(shape)
     shape = np.asarray(shape, np.int64)
     dstr = np.asarray(dstr, np.int64)
     sstr = np.asarray(sstr, np.int64)
+    threads = get_num_threads()
+    if threads > 1 and size * dst.itemsize < SERIAL_BYTES:
+        set_num_threads(1)  # per calling thread in Numba: safe for other threads
+        try:
+            _launch(dst, doff, dstr, src, soff, sstr, shape, axis, 1)
+        finally:
+            set_num_threads(threads)
+    else:
+        _launch(dst, doff, dstr, src, soff, sstr, shape, axis, threads)
+    return dst
+
+
+def _launch(dst, doff, dstr, src, soff, sstr, shape, axis, threads):
     if axis >= 0:
-        _tiles(dst, doff, dstr, src, soff, sstr, shape, axis, 4 * get_num_threads())
+        _tiles(dst, doff, dstr, src, soff, sstr, shape, axis, 4 * threads)
     elif shape.size == 1 and dstr[0] == 1 and sstr[0] == 1:
         _flat(dst[doff:doff + shape[0]], src[soff:soff + shape[0]])
     else:
         n = shape[-1]
-        rows = int(np.prod(shape[:-1]))
+        rows = math.prod(shape[:-1].tolist())
         chunk = n if rows >= 64 else max(CHUNK, -(-n * rows // 64))
         _rows(dst, doff, dstr, src, soff, sstr, shape, min(chunk, n))
-    return dst
 
 
 @cpu_kernel(parallel=True)
