@@ -25,7 +25,8 @@ Supported inside ``fn``:
   comparison ufuncs, ``scipy.special.erf``;
 * the nbops activations (``nbops.relu``, ``nbops.gelu(x, approximate="tanh")``,
   ``nbops.softplus(x, beta=2.0)``, ...) and their backward functions (except
-  ``swish_backward``), with constant parameters;
+  ``swish_backward``), with constant parameters, and the nbops arithmetic
+  ops ``add``, ``sub``, ``mul``, ``div``, ``pow``, ``neg``, ``exp``, ``log``;
 * Python numbers, and scalar arguments (which take the arrays' dtype, as
   NumPy 2 does).
 
@@ -82,6 +83,8 @@ _ACTIVATIONS = {
 }
 _ACTIVATIONS.update({k + "_backward": (f + "_backward", p) for k, (f, p) in
                      _ACTIVATIONS.items() if k != "swish"})
+#: nbops arithmetic operators that are nodes of their own (nbops.add(x, y) == x + y).
+_NBOPS_ARITH = ("add", "sub", "mul", "div", "pow", "neg", "exp", "log")
 
 
 class _Node:
@@ -229,10 +232,9 @@ class Symbol:
         """Called by ``Operator.__call__`` when an nbops operator gets a Symbol."""
         t = self._tracer
         spec = _ACTIVATIONS.get(op.name)
-        if spec is None:
+        if spec is None and op.name not in _NBOPS_ARITH:
             raise TypeError(f"{t.name}: unsupported construct: nbops.{op.name} (fusable "
-                            f"nbops ops: {', '.join(sorted(_ACTIVATIONS))})")
-        formula, names = spec
+                            f"nbops ops: {', '.join(sorted([*_ACTIVATIONS, *_NBOPS_ARITH]))})")
         try:
             bound = inspect.signature(op.front).bind(*args, **kwargs)
         except TypeError as e:
@@ -242,6 +244,9 @@ class Symbol:
         if values.pop("out", None) is not None:
             raise TypeError(f"{t.name}: unsupported construct: out= inside a fused "
                             f"expression (nbops.{op.name})")
+        if spec is None:
+            return t.apply(op.name, *values.values())
+        formula, names = spec
         if op.name in ("gelu", "gelu_backward"):
             approx = _checks.choice(op.name, "approximate", values.pop("approximate"),
                                     ("none", "tanh"))
@@ -377,6 +382,14 @@ class Program:
         name = f"e{len(self.lines)}"
         self.lines.append(f"{name} = {expr}")
         return name
+
+    def accumulate(self, reduce, target="acc"):
+        """Statements folding the result into ``target``: a sum (comparisons
+        count 1.0 or 0.0), or for "max" a NaN-propagating maximum."""
+        v = self.result if self.kind == "f" else f"(C.one if {self.result} else C.zero)"
+        if reduce == "max":
+            return [f"v = {v}", f"{target} = v if (v > {target}) | (v != v) else {target}"]
+        return [f"{target} += {v}"]
 
     def constants(self, dtype, scalars):
         """The ``K`` tuple for a call: constants and scalar arguments in ``dtype``."""

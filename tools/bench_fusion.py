@@ -21,6 +21,7 @@ nbops`` and the first ``nbops.relu`` on float32, cold, then again after
 """
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -49,7 +50,6 @@ print(t1 - t0, t2 - t1, t4 - t3, int("numba.cuda" in sys.modules))
 
 def startup(repeat):
     """Print first-call latencies in fresh processes, cold and after warm-up."""
-    import os
     import subprocess
     import tempfile
 
@@ -88,23 +88,16 @@ def main(argv=None):
         return 0
 
     import numba
-    from numba import njit, prange
 
     import nbops as nb
+    from nbops.bench.harness import parallel_copy
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from benchmarks.bench_fusion import _read3
 
     nb.set_num_threads(args.threads)
 
-    @njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
-    def read3(x, y, z):
-        acc = 0.0
-        for i in prange(x.size):
-            acc += x[i] + y[i] + z[i]
-        return acc
-
-    @njit(parallel=True, cache=True)
-    def copy(x, out):
-        for i in prange(x.size):
-            out[i] = x[i]
+    read3, copy = _read3(), parallel_copy
 
     n = args.n
     rng = np.random.default_rng(0)

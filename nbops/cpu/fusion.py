@@ -138,16 +138,13 @@ def _source(prog, mode, reduce, ndim, axis, classes):
     for d in reversed(outer):
         body += [f"    i{d} = t % SH[{d}]", f"    t = t // SH[{d}]"]
 
-    def offset(a, extra=""):
-        terms = [f"OF[{a}]"] + [f"i{d} * ST[{a * D + d}]" for d in outer]
-        return " + ".join(terms) + extra
-
     for a in range(nops):
-        body.append(f"    b{a} = {offset(a)}")
+        body.append(f"    b{a} = " + " + ".join([f"OF[{a}]"] + [f"i{d} * ST[{a * D + d}]"
+                                                             for d in outer]))
     if mode == "outer":
         body.append("    ob = " + (" + ".join(f"i{d} * OS[{d}]" for d in outer) or "0"))
     elif mode == "map":
-        body.append(f"    ob = q // NCH * nL")
+        body.append("    ob = q // NCH * nL")
     base = "b"
     if mode == "outer":
         body.append(f"    for r in range(SH[{axis}]):")
@@ -167,18 +164,11 @@ def _source(prog, mode, reduce, ndim, axis, classes):
     inner = ind + "    "
     body.append(f"{ind}for j in range(jlo, jhi):")
     body += [inner + s for s in loads + prog.lines]
-    v = prog.result if prog.kind == "f" else f"(C.one if {prog.result} else C.zero)"
     if mode == "map":
         body.append(f"{inner}out[ob + j] = {prog.result}")
-    elif mode == "outer" and reduce == "max":
-        body += [f"{inner}v = {v}", f"{inner}cur = out[ob + j]",
-                 f"{inner}out[ob + j] = v if (v > cur) | (v != v) else cur"]
-    elif mode == "outer":
-        body.append(f"{inner}out[ob + j] += {v}")
-    elif reduce == "max":
-        body += [f"{inner}v = {v}", f"{inner}acc = v if (v > acc) | (v != v) else acc"]
     else:
-        body.append(f"{inner}acc += {v}")
+        body += [inner + s for s in prog.accumulate(
+            reduce, "out[ob + j]" if mode == "outer" else "acc")]
     if mode in ("all", "inner"):
         body.append("    out[q] = acc")
     names = sorted(prog.names)

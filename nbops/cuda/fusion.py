@@ -75,13 +75,10 @@ def _source(prog, mode, reduce, ndim, axis, nops):
     else:
         loads = [f"x{a} = a{a}[b{a}]" for a in range(nops)]
     body += [ind + s for s in loads + prog.lines]
-    v = prog.result if prog.kind == "f" else f"(C.one if {prog.result} else C.zero)"
     if mode == "map":
         body.append(f"{ind}out[u] = {prog.result}")
-    elif reduce == "max":
-        body += [f"{ind}v = {v}", f"{ind}acc = v if (v > acc) | (v != v) else acc"]
     else:
-        body.append(f"{ind}acc += {v}")
+        body += [ind + s for s in prog.accumulate(reduce)]
     if mode == "axis":
         body.append(f"    out[u] = acc / SH[{axis}]" if reduce == "mean" else "    out[u] = acc")
     elif mode == "all" and reduce == "max":
