@@ -327,36 +327,6 @@ class Tensor:
         return self if self.device == device else _ToDevice.apply(self, device)
 
     # -- differentiable operations ---------------------------------------------
-    def __add__(self, other):
-        return arith.add(self, other)
-
-    def __radd__(self, other):
-        return arith.add(other, self)
-
-    def __sub__(self, other):
-        return arith.sub(self, other)
-
-    def __rsub__(self, other):
-        return arith.sub(other, self)
-
-    def __mul__(self, other):
-        return arith.mul(self, other)
-
-    def __rmul__(self, other):
-        return arith.mul(other, self)
-
-    def __truediv__(self, other):
-        return arith.div(self, other)
-
-    def __rtruediv__(self, other):
-        return arith.div(other, self)
-
-    def __pow__(self, other):
-        return arith.pow(self, other)
-
-    def __rpow__(self, other):
-        return arith.pow(other, self)
-
     def __neg__(self):
         return arith.neg(self)
 
@@ -406,18 +376,6 @@ class Tensor:
         self._version += 1
         return self
 
-    def __iadd__(self, other):
-        return self._inplace("+=", arith.add, other)
-
-    def __isub__(self, other):
-        return self._inplace("-=", arith.sub, other)
-
-    def __imul__(self, other):
-        return self._inplace("*=", arith.mul, other)
-
-    def __itruediv__(self, other):
-        return self._inplace("/=", arith.div, other)
-
     def __setitem__(self, index, value):
         def put(data, v, out):
             arith.assign(arith.index_view(data, index), v)
@@ -428,6 +386,29 @@ class Tensor:
         """Set every element to 0 in place; returns self."""
         return self._inplace("zero_", lambda data, _, out: arith.assign(
             data, arith.zeros((), data.dtype, _device(data))), None)
+
+
+def _arithmetic_methods():
+    """``+ - * / **``, their reflected and in-place forms, from one table."""
+
+    def forward(op):
+        return lambda self, other: op(self, other)
+
+    def reflected(op):
+        return lambda self, other: op(other, self)
+
+    def inplace(op, symbol):
+        return lambda self, other: self._inplace(symbol, op, other)
+
+    for name, op, symbol in (("add", arith.add, "+="), ("sub", arith.sub, "-="),
+                             ("mul", arith.mul, "*="), ("truediv", arith.div, "/="),
+                             ("pow", arith.pow, "**=")):
+        setattr(Tensor, f"__{name}__", forward(op))
+        setattr(Tensor, f"__r{name}__", reflected(op))
+        setattr(Tensor, f"__i{name}__", inplace(op, symbol))
+
+
+_arithmetic_methods()
 
 
 def _unwrap(v):
