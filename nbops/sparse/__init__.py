@@ -90,6 +90,23 @@ def _matrix(op, name, A):
 # Value-level operators: the differentiable core
 
 
+def _times_dense(op, kernel_name, dense_name, data, indices, indptr, shape, dense, scale,
+                 out):
+    """Front of SpMV (1-D ``dense``) and SpMM (2-D)."""
+    shape, scale, dev = _pattern(op, data, indices, indptr, shape, scale,
+                                 **{dense_name: dense, "out": out})
+    vector = getattr(dense, "ndim", 0) == 1
+    dense = _dense(op, dense_name, dense, 1 if vector else 2, dev)
+    _same_values_dtype(op, data, **{dense_name: dense})
+    if dense.shape[0] != shape[1]:
+        raise ValueError(f"{op}: '{dense_name}' must have {shape[1]} "
+                         f"{'entries' if vector else 'rows'} (A is {shape[0]} x {shape[1]}), "
+                         f"got shape {tuple(dense.shape)}")
+    out = _checks.output(op, out, (shape[0],) + tuple(dense.shape[1:]), dense.dtype, dev,
+                         {dense_name: dense, "data": data})
+    return _kernel(kernel_name, dev)(data, indices, indptr, dense, out, scale)
+
+
 @operator("sparse.mv_values")
 def mv_values(data, indices, indptr, shape, x, scale=1.0, out=None):
     """``y = scale * A @ x`` for the CSR arrays of A (see :func:`mv`).
@@ -98,15 +115,10 @@ def mv_values(data, indices, indptr, shape, x, scale=1.0, out=None):
     ``scale``; ``x`` (cols,); returns y (rows,) of x's dtype on their device.
     Differentiable in ``data`` and ``x``.
     """
-    op = "sparse.mv_values"
-    shape, scale, dev = _pattern(op, data, indices, indptr, shape, scale, x=x, out=out)
-    x = _dense(op, "x", x, 1, dev)
-    _same_values_dtype(op, data, x=x)
-    if x.shape[0] != shape[1]:
-        raise ValueError(f"{op}: 'x' must have {shape[1]} entries (A is {shape[0]} x "
-                         f"{shape[1]}), got {x.shape[0]}")
-    out = _checks.output(op, out, (shape[0],), x.dtype, dev, {"x": x, "data": data})
-    return _kernel("spmv", dev)(data, indices, indptr, x, out, scale)
+    if getattr(x, "ndim", 1) != 1:
+        raise ValueError(f"sparse.mv_values: 'x' must be 1-D, got shape {tuple(x.shape)}")
+    return _times_dense("sparse.mv_values", "spmv", "x", data, indices, indptr, shape, x,
+                        scale, out)
 
 
 @operator("sparse.mm_values")
@@ -117,15 +129,10 @@ def mm_values(data, indices, indptr, shape, B, scale=1.0, out=None):
     in ``data`` (an SDDMM of the upstream gradient and B on A's pattern) and
     in ``B`` (A^T times the gradient, through the cached transposed structure).
     """
-    op = "sparse.mm_values"
-    shape, scale, dev = _pattern(op, data, indices, indptr, shape, scale, B=B, out=out)
-    B = _dense(op, "B", B, 2, dev)
-    _same_values_dtype(op, data, B=B)
-    if B.shape[0] != shape[1]:
-        raise ValueError(f"{op}: 'B' must have {shape[1]} rows (A is {shape[0]} x "
-                         f"{shape[1]}), got shape {tuple(B.shape)}")
-    out = _checks.output(op, out, (shape[0], B.shape[1]), B.dtype, dev, {"B": B, "data": data})
-    return _kernel("spmm", dev)(data, indices, indptr, B, out, scale)
+    if getattr(B, "ndim", 2) != 2:
+        raise ValueError(f"sparse.mm_values: 'B' must be 2-D, got shape {tuple(B.shape)}")
+    return _times_dense("sparse.mm_values", "spmm", "B", data, indices, indptr, shape, B,
+                        scale, out)
 
 
 @operator("sparse.sddmm_values")

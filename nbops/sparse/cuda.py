@@ -113,32 +113,9 @@ def _group_kernels(dtype):
                 out[k] = s
 
     @cuda.jit
-    def softmax(data, indptr, out, g):
-        sm = cuda.shared.array(THREADS, nb_t)
-        tid = cuda.threadIdx.x
-        lane = tid % g
-        per_block = cuda.blockDim.x // g
-        nrows = indptr.size - 1
-        for base in range(cuda.blockIdx.x * per_block, nrows, cuda.gridDim.x * per_block):
-            r = base + tid // g
-            a = indptr[r] if r < nrows else 0
-            b = indptr[r + 1] if r < nrows else 0
-            m = data[a] if a < b else val_t(0)
-            for k in range(a + lane, b, g):
-                if data[k] > m or data[k] != data[k]:
-                    m = data[k]
-            m = reduce(sm, tid, lane, g, m, True)
-            s = val_t(0)
-            for k in range(a + lane, b, g):
-                e = val_t(math.exp(data[k] - m))
-                out[k] = e
-                s += e
-            s = reduce(sm, tid, lane, g, s, False)
-            for k in range(a + lane, b, g):
-                out[k] /= s
-
-    @cuda.jit
-    def softmax_backward(y, gr, indptr, out, g):
+    def softmax(data, grad, indptr, out, g, backward):
+        # forward: out = softmax(data) per row; backward (data = the forward
+        # output y): out = y * (grad - sum_row(y * grad))
         sm = cuda.shared.array(THREADS, nb_t)
         tid = cuda.threadIdx.x
         lane = tid % g
@@ -149,13 +126,27 @@ def _group_kernels(dtype):
             a = indptr[r] if r < nrows else 0
             b = indptr[r + 1] if r < nrows else 0
             s = val_t(0)
-            for k in range(a + lane, b, g):
-                s += y[k] * gr[k]
-            s = reduce(sm, tid, lane, g, s, False)
-            for k in range(a + lane, b, g):
-                out[k] = y[k] * (gr[k] - s)
+            if backward:
+                for k in range(a + lane, b, g):
+                    s += data[k] * grad[k]
+                s = reduce(sm, tid, lane, g, s, False)
+                for k in range(a + lane, b, g):
+                    out[k] = data[k] * (grad[k] - s)
+            else:
+                m = data[a] if a < b else val_t(0)
+                for k in range(a + lane, b, g):
+                    if data[k] > m or data[k] != data[k]:
+                        m = data[k]
+                m = reduce(sm, tid, lane, g, m, True)
+                for k in range(a + lane, b, g):
+                    e = val_t(math.exp(data[k] - m))
+                    out[k] = e
+                    s += e
+                s = reduce(sm, tid, lane, g, s, False)
+                for k in range(a + lane, b, g):
+                    out[k] /= s
 
-    return spmv, sddmm, softmax, softmax_backward
+    return spmv, sddmm, softmax
 
 
 def _groups(n_groups, g):
@@ -180,22 +171,21 @@ def sddmm(indices, indptr, X, Y, out):
     return out
 
 
-def row_softmax(data, indptr, out):
+def _row_softmax(data, grad, indptr, out, backward):
     nrows = indptr.size - 1
     if nrows == 0 or data.size == 0:
         return out
     g = group_size(data.size / nrows)
-    _group_kernels(out.dtype)[2][_groups(nrows, g)](data, indptr, out, g)
+    _group_kernels(out.dtype)[2][_groups(nrows, g)](data, grad, indptr, out, g, backward)
     return out
 
 
-def row_softmax_backward(y, gr, indptr, out):
-    nrows = indptr.size - 1
-    if nrows == 0 or y.size == 0:
-        return out
-    g = group_size(y.size / nrows)
-    _group_kernels(out.dtype)[3][_groups(nrows, g)](y, gr, indptr, out, g)
-    return out
+def row_softmax(data, indptr, out):
+    return _row_softmax(data, data, indptr, out, False)
+
+
+def row_softmax_backward(y, grad, indptr, out):
+    return _row_softmax(y, grad, indptr, out, True)
 
 
 @cuda.jit
