@@ -2,6 +2,7 @@
 
     python tools/bench_tensor.py                 # 8192 x 8192 float32
     python tools/bench_tensor.py -n 4096 --tile 32 --reps 9
+    python tools/bench_tensor.py --cpu-time      # 1 thread, CPU seconds
 
 Prints medians of interleaved repetitions, the bandwidth (bytes read plus
 bytes written, once each) and ratios against the baselines measured in the
@@ -24,6 +25,9 @@ def main(argv=None):
     p.add_argument("--dtype", default="float32")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--tile", type=int, default=None, help="override cpu.tensor.TILE")
+    p.add_argument("--cpu-time", action="store_true",
+                   help="one thread, timed in CPU seconds (time.process_time): robust "
+                   "to other processes on a busy machine, blind to parallel speed-up")
     p.add_argument("--only", default="", help="time only cases containing this text "
                    "(the copy and NumPy a.T baselines always run)")
     args = p.parse_args(argv)
@@ -37,6 +41,10 @@ def main(argv=None):
 
     if args.tile is not None:
         kernels.TILE = args.tile
+    clock = time.perf_counter
+    if args.cpu_time:
+        nbops.set_num_threads(1)
+        clock = time.process_time
     n = args.n
     a = np.random.default_rng(0).standard_normal((n, n)).astype(args.dtype)
     out = np.empty_like(a)
@@ -66,14 +74,15 @@ def main(argv=None):
     times = {k: [] for k in cases}
     for _ in range(args.reps):  # interleaved, so drifting load hits all alike
         for k, f in cases.items():
-            t = time.perf_counter()
+            t = clock()
             f()
-            times[k].append(time.perf_counter() - t)
+            times[k].append(clock() - t)
             time.sleep(0.05)
     med = {k: float(np.median(v)) for k, v in times.items()}
     nbytes = 2 * a.nbytes
     print(f"n={n} {args.dtype} threads={nbops.get_num_threads()} TILE={kernels.TILE} "
-          f"reps={args.reps}  (medians; GB/s = bytes read + written)")
+          f"reps={args.reps}  (medians of {'CPU' if args.cpu_time else 'wall'} time; "
+          "GB/s = bytes read + written)")
     for k, t in med.items():
         print(f"  {k:38s} {t * 1e3:8.2f} ms  {nbytes / t / 1e9:6.2f} GB/s  "
               f"vs numpy a.T {med['numpy ascontiguousarray(a.T)'] / t:5.2f}x  "

@@ -136,6 +136,9 @@ def _rows(dst, doff, dstr, src, soff, sstr, shape, chunk):
         if ds == 1 and ss == 1:
             for j in range(j0, j1):
                 dst[uint64(do + j)] = src[uint64(so + j)]
+        elif ds == 1:  # the usual strided source: keep the stores contiguous
+            for j in range(j0, j1):
+                dst[uint64(do + j)] = src[uint64(so + j * ss)]
         else:
             for j in range(j0, j1):
                 dst[uint64(do + j * ds)] = src[uint64(so + j * ss)]
