@@ -104,3 +104,21 @@ def _compile_with_slp(disp):
                 config.SLP_VECTORIZE = saved
 
     disp.compile = compile
+
+
+def serial_and_parallel(fn, name, **options):
+    """``(serial, parallel)``: two CPU kernels compiled from one function
+    (``prange`` runs as ``range`` in the serial one), so that a launcher can
+    keep small inputs off the thread pool, whose wake-up and barrier cost
+    more than a short loop. ``name`` gives each its own on-disk cache entry.
+    """
+    import types
+
+    made = []
+    for parallel in (False, True):
+        kind = "parallel" if parallel else "serial"
+        f = types.FunctionType(fn.__code__, fn.__globals__, f"{name}_{kind}",
+                               fn.__defaults__, fn.__closure__)
+        f.__qualname__ = f.__name__
+        made.append(cpu_kernel(f, parallel=parallel, **options))
+    return tuple(made)

@@ -14,7 +14,7 @@ import math
 from numba import prange
 from numba.extending import register_jitable
 
-from .._jit import cpu_kernel
+from .._jit import serial_and_parallel
 
 __all__ = ["sgd_step", "adam_step"]
 
@@ -51,25 +51,18 @@ PARALLEL_MIN = 1 << 15
 
 
 def _kernels(update, name, n_state):
-    def k1(p, g, a, s):
+    def one_state(p, g, a, s):
         for i in prange(p.size):
             update(i, p, g, a, s)
 
-    def k2(p, g, a, b, s):
+    def two_states(p, g, a, b, s):
         for i in prange(p.size):
             update(i, p, g, a, b, s)
 
-    body = k1 if n_state == 1 else k2
-    made = []
-    for parallel in (True, False):
-        fn = type(body)(body.__code__, body.__globals__, body.__name__, None, body.__closure__)
-        # a unique qualname gives each kernel its own on-disk cache entry
-        fn.__name__ = fn.__qualname__ = f"{name}_{'parallel' if parallel else 'serial'}"
-        made.append(cpu_kernel(fn, parallel=parallel))
-    parallel_k, serial_k = made
+    serial, parallel = serial_and_parallel(one_state if n_state == 1 else two_states, name)
 
     def launch(p, *rest):
-        (parallel_k if p.size >= PARALLEL_MIN else serial_k)(p, *rest)
+        (parallel if p.size >= PARALLEL_MIN else serial)(p, *rest)
 
     launch.__name__ = launch.__qualname__ = name
     return launch

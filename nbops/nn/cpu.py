@@ -15,7 +15,7 @@ import math
 from numba import prange
 from numba.extending import register_jitable
 
-from .._jit import cpu_kernel
+from .._jit import serial_and_parallel
 from ..cpu.activations import _binary_kernels, _launcher
 
 __all__ = ["cross_entropy", "cross_entropy_backward", "bce_with_logits",
@@ -69,27 +69,32 @@ for _f in (row_max, row_sum_exp, row_loss, row_grad, bce_term, bce_grad_term):
 del _f
 
 
-@cpu_kernel(parallel=True)
 def _ce_rows(x, t, out, zero):
     for i in prange(x.shape[0]):
         out[i] = row_loss(x, t, i, zero)
 
 
-@cpu_kernel(parallel=True)
 def _ce_grad_rows(x, t, grow, out, zero):
     for i in prange(x.shape[0]):
         row_grad(x, t, grow, out, i, zero)
 
 
+#: Logit counts below this run on one thread (a batch of 256 x 10 classes
+#: costs less than waking the thread pool).
+PARALLEL_MIN = 1 << 15
+_ce_kernels = serial_and_parallel(_ce_rows, "cross_entropy")
+_ce_grad_kernels = serial_and_parallel(_ce_grad_rows, "cross_entropy_backward")
+
+
 def cross_entropy(x, t, out):
     """Per-sample losses ``out[i] = logsumexp(x[i]) - x[i, t[i]]``."""
-    _ce_rows(x, t, out, x.dtype.type(0))
+    _ce_kernels[x.size >= PARALLEL_MIN](x, t, out, x.dtype.type(0))
     return out
 
 
 def cross_entropy_backward(x, t, grow, out):
     """``out = grow[:, None] * (softmax(x) - onehot(t))``."""
-    _ce_grad_rows(x, t, grow, out, x.dtype.type(0))
+    _ce_grad_kernels[x.size >= PARALLEL_MIN](x, t, grow, out, x.dtype.type(0))
     return out
 
 
