@@ -1,0 +1,173 @@
+"""Standalone GEMM timing: nbops' kernel and its BLAS route beside NumPy.
+
+    python tools/bench_gemm.py                 # all groups, float32, all threads
+    python tools/bench_gemm.py --group square --threads 1 2
+    python tools/bench_gemm.py --asm           # instruction mix of the micro-kernel
+    python tools/bench_gemm.py --compile-time  # cold compile, in a fresh cache
+
+Prints GFLOP/s (2 m n k per product) and the ratio to NumPy measured in the
+same run: the libraries are interleaved round by round, with a short pause
+before each timed block (thread pools that spin would otherwise steal the
+cores), and the median of the rounds counts. Tuning is off
+(``NBOPS_AUTOTUNE=0``) unless ``--tuned``: "nbops" is the default config.
+"""
+
+import argparse
+import collections
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def _median_time(fn, rounds, pause):
+    times = []
+    for _ in range(rounds):
+        time.sleep(pause)
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _cases(group, dtype, rng):
+    """(label, flops, {name: callable}) per case; the first callable is the baseline."""
+    import nbops
+
+    def r(*shape):
+        return rng.standard_normal(shape).astype(dtype)
+
+    if group == "square":
+        for n in (512, 1024, 2048):
+            a, b, c = r(n, n), r(n, n), np.empty((n, n), dtype)
+            yield f"square {n}", 2 * n ** 3, {
+                "numpy": lambda a=a, b=b, c=c: np.matmul(a, b, out=c),
+                "nbops": lambda a=a, b=b, c=c: nbops.matmul(a, b, out=c, impl="nbops"),
+                "nbops-blas": lambda a=a, b=b, c=c: nbops.matmul(a, b, out=c, impl="blas")}
+    elif group == "linear":
+        for batch in (64, 256):
+            for out_f in (4096, 1024):
+                x, w = r(batch, 4096), r(out_f, 4096)
+                c = np.empty((batch, out_f), dtype)
+                yield f"linear {batch}x4096 @ {out_f}x4096.T", 2 * batch * 4096 * out_f, {
+                    "numpy": lambda x=x, w=w, c=c: np.matmul(x, w.T, out=c),
+                    "nbops": lambda x=x, w=w, c=c: nbops.linear(x, w, out=c, impl="nbops"),
+                    "nbops-blas": lambda x=x, w=w, c=c: nbops.linear(x, w, out=c, impl="blas")}
+    elif group == "small":
+        for batch, n in ((4096, 32), (512, 64)):
+            a, b, c = r(batch, n, n), r(batch, n, n), np.empty((batch, n, n), dtype)
+            yield f"batched {batch} x {n}^3", 2 * batch * n ** 3, {
+                "numpy": lambda a=a, b=b, c=c: np.matmul(a, b, out=c),
+                "nbops": lambda a=a, b=b, c=c: nbops.matmul(a, b, out=c, impl="nbops")}
+    elif group == "gelu":
+        for batch in (64, 256):
+            x, w, bias = r(batch, 4096), r(4096, 4096), r(4096)
+            c = np.empty((batch, 4096), dtype)
+            yield f"linear+gelu {batch}x4096x4096", 2 * batch * 4096 * 4096, {
+                "matmul+gelu": lambda x=x, w=w, c=c: nbops.gelu(
+                    nbops.matmul(x, w.T, out=c, impl="nbops"), out=c),
+                "fused": lambda x=x, w=w, c=c: nbops.linear(x, w, activation="gelu", out=c,
+                                                            impl="nbops"),
+                "fused-blas": lambda x=x, w=w, c=c: nbops.linear(x, w, activation="gelu",
+                                                                 out=c, impl="blas")}
+
+
+def run(groups, dtypes, threads, rounds, pause):
+    import nbops
+
+    rng = np.random.default_rng(0)
+    for dtype in dtypes:
+        for group in groups:
+            for label, flops, fns in _cases(group, dtype, rng):
+                for f in fns.values():  # compile / load from the cache, warm up
+                    f()
+                for nt in threads:
+                    nbops.set_num_threads(nt)
+                    times = {k: [] for k in fns}
+                    for _ in range(rounds):  # interleaved rounds
+                        for k, f in fns.items():
+                            times[k].append(_median_time(f, 1, pause))
+                    base = statistics.median(next(iter(times.values())))
+                    parts = []
+                    for k, ts in times.items():
+                        t = statistics.median(ts)
+                        parts.append(f"{k} {flops / t / 1e9:6.1f} GF/s ({base / t:4.2f}x)")
+                    print(f"{dtype:7s} {nt}T {label:34s} " + "  ".join(parts), flush=True)
+
+
+def asm_report(dtype):
+    """Instruction mix of the micro-kernel's inner loop."""
+    import numba
+    from numba import types
+
+    from nbops.cpu import linalg
+
+    from nbops import _jit
+
+    # a fresh, uncached dispatcher: Numba cannot show assembly loaded from its cache
+    micro = numba.njit(nogil=True, fastmath=set(_jit.FASTMATH))(
+        linalg.drivers(np.dtype(dtype))[2].py_func)
+    _jit._compile_with_slp(micro)
+    nt = numba.from_dtype(np.dtype(dtype))
+    a2, a1 = types.Array(nt, 2, "C"), types.Array(nt, 1, "C")
+    micro.compile((types.intp, a2, a2, a1, types.intp, types.intp, types.boolean, nt))
+    asm = micro.inspect_asm(micro.signatures[0])
+    fma = collections.Counter(re.findall(r"\b(vfmadd\w+)\s", asm))
+    widths = collections.Counter(re.findall(r"vfmadd\w+\s[^\n]*%([xyz]mm)\d+\s*$", asm, re.M))
+    bcast = len(re.findall(r"vfmadd[^\n]*1to", asm))
+    spills = len(re.findall(r"rsp", asm))
+    print(f"{dtype} micro-kernel {linalg.TILES[np.dtype(dtype)]}: FMA instructions {dict(fma)}, "
+          f"accumulator widths {dict(widths)}, embedded broadcasts {bcast}, "
+          f"stack references {spills}")
+
+
+def compile_time(dtype):
+    """Seconds to compile the GEMM drivers from a cold cache (fresh process)."""
+    code = ("import time, numpy as np, nbops\n"
+            "t = time.perf_counter()\n"
+            f"a = np.ones((8, 8), '{dtype}'); nbops.matmul(a, a, impl='nbops')\n"
+            "t1 = time.perf_counter()\n"
+            f"nbops.matmul(np.ones((64, 8, 8), '{dtype}'), a, impl='nbops')\n"
+            "print(f'{t1 - t:.1f} {time.perf_counter() - t1:.1f}')\n")
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache, NBOPS_AUTOTUNE="0")
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=True).stdout.split()
+    print(f"{dtype} cold compile: tiles driver {out[0]} s, batched driver {out[1]} s")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--group", nargs="+", choices=["square", "linear", "small", "gelu"],
+                   default=["square", "linear", "small", "gelu"])
+    p.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "float64"])
+    p.add_argument("--threads", nargs="+", type=int, help="Numba thread counts (default: all)")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--pause", type=float, default=0.05)
+    p.add_argument("--tuned", action="store_true", help="let the autotuner run")
+    p.add_argument("--asm", action="store_true", help="print the micro-kernel's instructions")
+    p.add_argument("--compile-time", action="store_true", help="time a cold compile")
+    ns = p.parse_args(argv)
+    if not ns.tuned:
+        os.environ["NBOPS_AUTOTUNE"] = "0"
+    if ns.asm:
+        for d in ns.dtype:
+            asm_report(d)
+        return 0
+    if ns.compile_time:
+        for d in ns.dtype:
+            compile_time(d)
+        return 0
+    import nbops
+
+    run(ns.group, ns.dtype, ns.threads or [nbops.get_num_threads()], ns.rounds, ns.pause)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
