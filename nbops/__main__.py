@@ -41,14 +41,16 @@ def _bench(args):
           f"{args.rounds} interleaved rounds after warm-up; speedup = baseline time / nbops "
           "time;\nGB/s counts each input and output once; 'of copy' compares it with a "
           "parallel copy measured at the same size;\nmax err = max |y - ref| / (1 + |ref|) "
-          "against a float64 reference from the same inputs.\n")
+          "against a float64 reference from the same inputs.")
+    print(_load_warning() + "\n")
     results, copies = harness.run_bench(selected, sizes, dtypes, rounds=args.rounds,
                                         pause=args.pause)
+    print(_load_warning())
     if args.json:
         from ._info import collect
 
         doc = {"info": dict(collect()), "threads": nbops.get_num_threads(),
-               "rounds": args.rounds,
+               "rounds": args.rounds, "load_average_at_end": _load_warning(),
                "copy_gbps": [{"n": n, "dtype": d, "gbps": g} for (n, d), g in copies.items()],
                "results": [r.as_dict() for r in results]}
         with open(args.json, "w") as f:
@@ -56,6 +58,22 @@ def _bench(args):
         print(f"\nwrote {args.json}")
     errors = [r for r in results if r.note.startswith("error")]
     return 1 if errors else 0
+
+
+def _load_warning():
+    """The load average beside the core count: other busy processes make
+    multi-threaded timings meaningless, and the table cannot tell."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return "load average: unknown"
+    busy = load > 0.5 * cores
+    return (f"load average {load:.1f} on {cores} core(s)"
+            + (": other processes compete for the cores, figures are unreliable" if busy
+               else ""))
 
 
 def _demo(args):

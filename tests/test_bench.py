@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import nbops
-from nbops.bench import demo, harness
+from nbops.bench import demo, harness, training
 from nbops.bench.harness import Case, Result
 
 
@@ -228,3 +228,17 @@ def test_demo_steps(result, verdict, failures):
 def test_result_without_timings_has_no_figures():
     r = Result("x", "f", 10, "float32")
     assert r.ratio is r.gbps is r.copy_fraction is r.gflops is None and not r.passed
+
+
+@pytest.mark.parametrize("step", training.DEMOS, ids=lambda s: s.__name__)
+def test_training_and_profiler_demo_steps(step):
+    out = step("cpu", True)
+    assert out["err"] <= out["tol"], out
+
+
+def test_demo_lists_families_with_missing_ops(registered):
+    registered(_case("absent_demo_case", lambda x, out: x, requires=("no_such_op",)))
+    lines = []
+    assert demo.run_demo(quick=True, devices=("cpu",), only=["testfake"],
+                         write=lines.append) == 0
+    assert "  skipped: nbops.no_such_op not there yet" in lines
