@@ -7,6 +7,8 @@ against dense NumPy; CUDA (simulated) on small shapes; every error path."""
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from hypothesis import given
+from hypothesis import strategies as st
 
 import nbops
 from helpers import host, to_dev
@@ -379,6 +381,39 @@ def _build(**over):
 def test_construction_errors(over, exc, match):
     with pytest.raises(exc, match=match):
         _build(**over)
+
+
+@st.composite
+def _csr_arrays(draw):
+    m = draw(st.integers(0, 6))
+    n = draw(st.integers(1, 6))
+    lengths = draw(st.lists(st.integers(0, 4), min_size=m, max_size=m))
+    ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    ind = np.array(draw(st.lists(st.integers(0, n - 1), min_size=int(ptr[-1]),
+                                 max_size=int(ptr[-1]))), np.int64)
+    return ind, ptr, (m, n)
+
+
+@given(_csr_arrays(), st.data())
+def test_validation_property(arrays, data):
+    """Valid arrays build and match scipy; one corrupted position raises a
+    ValueError that names it."""
+    ind, ptr, shape = arrays
+    vals = np.arange(ind.size, dtype=np.float64) + 1
+    A = sparse.CSRMatrix(vals, ind, ptr, shape)
+    np.testing.assert_array_equal(
+        A.to_dense(), sp.csr_array((vals, ind, ptr), shape=shape).toarray())
+    if ind.size:
+        k = data.draw(st.integers(0, ind.size - 1))
+        bad = ind.copy()
+        bad[k] = data.draw(st.sampled_from([-1, shape[1], shape[1] + 7]))
+        with pytest.raises(ValueError, match=rf"indices\[{k}\] = {bad[k]} "):
+            sparse.CSRMatrix(vals, bad, ptr, shape)
+    if shape[0] >= 2 and ptr[1] > 0:
+        bad = ptr.copy()
+        bad[1] = ptr[2] + 1 if ptr[2] + 1 != ptr[1] else ptr[1] + 1
+        with pytest.raises(ValueError, match="non-decreasing|indptr"):
+            sparse.CSRMatrix(vals, ind, bad, shape)
 
 
 def test_check_false_skips_content_checks_only():
