@@ -282,6 +282,18 @@ def test_debug_mode_names_node_and_index(device):
     assert np.isnan(host(f(to_dev(x, device), to_dev(x, device)))[2])
 
 
+def test_debug_mode_names_backward_ops(device):
+    # backward passes are operators: the foundation's check names them too
+    big = to_dev(np.array([0.5, 1e30], np.float32), device)
+    nb.set_debug(True)
+    try:
+        with pytest.raises(FloatingPointError, match=r"sigmoid_backward: output 0 has Inf at "
+                                                     r"index \(1,\)"):
+            nb.sigmoid_backward(big, big)
+    finally:
+        nb.set_debug(False)
+
+
 # --- errors ----------------------------------------------------------------------
 
 W = np.ones(3, np.float32)
