@@ -106,6 +106,8 @@ class _CompileTimer:
 
 
 _EVENT_MODULES = ("numba.core.event", "numba.cuda.core.event")
+#: Trace thread id of the CUDA device-time track (host threads count from 1).
+_CUDA_TID = 0x7FFF
 
 
 class profile:
@@ -252,7 +254,8 @@ class profile:
     def events(self):
         """The recorded events in the order they finished, as dicts with
         ``name``, ``kind`` ("op" or "range"), ``device``, ``start_us`` (from the
-        block's start), ``cpu_time_us``, ``self_cpu_time_us``, ``compile_time_us``,
+        block's start), ``cpu_time_us``, ``self_cpu_time_us``, ``compiled`` (the
+        call compiled or loaded a kernel), ``compile_time_us``,
         ``device_time_us`` (None off CUDA), ``depth``, ``input_shapes`` and
         ``input_dtypes``."""
         self._check_done("events")
@@ -260,7 +263,7 @@ class profile:
             "name": e.name, "kind": e.kind, "device": e.device,
             "start_us": (e.start - self._t0) / 1e3, "cpu_time_us": e.total_ns() / 1e3,
             "self_cpu_time_us": (e.total_ns() - e.child_ns) / 1e3,
-            "compile_time_us": e.compile_ns / 1e3,
+            "compiled": bool(e.compile_ns), "compile_time_us": e.compile_ns / 1e3,
             "device_time_us": e.cuda[3] if e.cuda is not None else None,
             "depth": e.depth, "input_shapes": list(e.shapes), "input_dtypes": list(e.dtypes),
         } for e in self._done]
@@ -300,7 +303,8 @@ class profile:
         tids = {}
         for e in self._done:
             tid = tids.setdefault(e.tid, len(tids) + 1)
-            args = {"device": e.device, "compile_us": round(e.compile_ns / 1e3, 3)}
+            args = {"device": e.device, "compiled": bool(e.compile_ns),
+                    "compile_us": round(e.compile_ns / 1e3, 3)}
             if e.shapes:
                 args["Input Dims"] = [list(s) if s is not None else [] for s in e.shapes]
                 args["Input type"] = [d or "" for d in e.dtypes]
@@ -314,11 +318,14 @@ class profile:
                                 "pid": pid, "tid": tid, "args": {}})
             if e.cuda is not None and e.cuda[3] is not None:
                 out.append({"name": e.name, "cat": "kernel", "ph": "X", "ts": e.cuda[2],
-                            "dur": e.cuda[3], "pid": pid, "tid": "CUDA stream 0",
+                            "dur": e.cuda[3], "pid": pid, "tid": _CUDA_TID,
                             "args": {"cpu_op_ts": (e.start - self._t0) / 1e3}})
-        for ident, tid in tids.items():
+        names = {tid: f"thread {ident}" for ident, tid in tids.items()}
+        if any(e.cuda is not None for e in self._done):
+            names[_CUDA_TID] = "CUDA stream 0 (device time)"
+        for tid, name in names.items():
             out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
-                        "args": {"name": f"thread {ident}"}})
+                        "args": {"name": name}})
         with open(path, "w") as f:
             json.dump({"traceEvents": out, "displayTimeUnit": "ms"}, f)
         return path

@@ -89,6 +89,7 @@ def test_compile_time_is_reported_apart():
         op(x)
         op(x)
     first, second = prof.events()
+    assert first["compiled"] and not second["compiled"]
     assert first["compile_time_us"] > 0 and second["compile_time_us"] == 0
     (avg,) = prof.key_averages()
     assert avg.count == 2 and avg.compile_count == 1
@@ -115,6 +116,7 @@ def test_chrome_trace_is_valid_json_with_trace_event_fields(tmp_path, device):
     events = trace["traceEvents"]
     for e in events:
         assert {"name", "ph", "pid", "tid"} <= set(e)
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int)
         assert e["ph"] in ("X", "M")
         if e["ph"] == "X":
             assert isinstance(e["ts"], float) and e["dur"] >= 0
@@ -122,6 +124,7 @@ def test_chrome_trace_is_valid_json_with_trace_event_fields(tmp_path, device):
     assert {"relu", "step", "test_profiler_neg", "compile: test_profiler_neg"} <= set(slices)
     assert slices["relu"]["args"]["Input Dims"] == [[3, 2]]
     assert slices["relu"]["args"]["Input type"] == ["float32"]
+    assert slices["test_profiler_neg"]["args"]["compiled"]
     step, relu = slices["step"], slices["relu"]
     assert step["ts"] <= relu["ts"] and relu["ts"] + relu["dur"] <= step["ts"] + step["dur"]
     kernels = [e for e in events if e.get("cat") == "kernel"]
