@@ -479,7 +479,11 @@ class Function:
 
     @classmethod
     def apply(cls, *args, **kwargs):
-        if _has_tensor(args, kwargs):
+        # the plain-array path: a type check per argument, then forward
+        for a in args:
+            if type(a) is not np.ndarray and getattr(a, "__nbops_tensor__", False):
+                return _apply_function(cls, args, kwargs)
+        if kwargs and _has_tensor((), kwargs):
             return _apply_function(cls, args, kwargs)
         return cls.forward(_PlainContext(), *args, **kwargs)
 

@@ -5,6 +5,9 @@ Function and its misuse, gradcheck itself, and the plain-array fast path."""
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import nbops
 from helpers import host, to_dev
@@ -20,10 +23,10 @@ def _default_gemm_config(monkeypatch):
     monkeypatch.setenv("NBOPS_AUTOTUNE", "0")
 
 
-def away_from_zero(shape, low=0.2, high=2.5):
+def away_from_zero(shape, low=0.2, high=2.5, r=rng):
     """Values whose magnitude keeps finite differences off the kinks."""
-    mag = rng.uniform(low, high, shape)
-    return np.where(rng.random(shape) < 0.5, -mag, mag)
+    mag = r.uniform(low, high, shape)
+    return np.where(r.random(shape) < 0.5, -mag, mag)
 
 
 def leaf(x, device, requires_grad=True):
@@ -90,6 +93,17 @@ def _ops_of(module):
     return {n for n in nbops.registered_ops()
             if nbops.get_operator(n).backward is not None
             and nbops.get_operator(n).__module__ == module.__name__}
+
+
+@settings(max_examples=25, deadline=None)
+@given(shapes=hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=3,
+                                                max_side=3),
+       op=st.sampled_from(["add", "sub", "mul", "div"]), seed=st.integers(0, 2 ** 16))
+def test_gradcheck_broadcasting_random_shapes(shapes, op, seed):
+    r = np.random.default_rng(seed)
+    a, b = (Tensor(away_from_zero(s, 0.5, 2.0, r), requires_grad=True)
+            for s in shapes.input_shapes)
+    assert gradcheck(lambda x, y: getattr(nbops, op)(x, y), [a, b])
 
 
 def test_table_covers_every_differentiable_operator_of_these_modules():
