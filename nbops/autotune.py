@@ -118,7 +118,7 @@ def _load(path, device):
     try:
         with open(path) as f:
             data = json.load(f)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return {}
     except (OSError, ValueError, UnicodeDecodeError) as e:
         warnings.warn(f"nbops.autotune: ignoring unreadable cache file {path} ({e})",

@@ -338,8 +338,9 @@ def gemm(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act, pr
 
 
 @cpu_kernel
-def _blas_block(a, b, c, bias, act, prm, cst, rows):
-    # BLAS on row blocks, each finished by the epilogue while in cache
+def _blas_rows(a, b, c, bias, act, prm, cst, rows):
+    # BLAS on row blocks of a C-contiguous ``a``, each block finished by the
+    # epilogue while it is in cache
     m = a.shape[0]
     n = c.shape[1]
     cflat = c.reshape(-1)
@@ -347,6 +348,14 @@ def _blas_block(a, b, c, bias, act, prm, cst, rows):
         r1 = min(m, r0 + rows)
         np.dot(a[r0:r1], b, c[r0:r1])
         _epilogue_tile(cflat, r0 * n, n, r1 - r0, n, bias, 0, act, prm, cst)
+
+
+@cpu_kernel
+def _blas_whole(a, b, c, bias, act, prm, cst):
+    # an F-ordered ``a`` has no contiguous row blocks: one BLAS call
+    np.dot(a, b, c)
+    _epilogue_tile(c.reshape(-1), 0, c.shape[1], c.shape[0], c.shape[1], bias, 0, act, prm,
+                   cst)
 
 
 #: Bytes of C one BLAS row block spans (about half an L2).
@@ -375,5 +384,8 @@ def gemm_blas(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, ac
     for i in range(out.shape[0]):
         a = _matrix(abuf, offa[i], m, k, sam, sak)
         b = _matrix(bbuf, offb[i], k, n, sbk, sbn)
-        _blas_block(a, b, out[i], bias, act, prm, cst, rows if a.flags.c_contiguous else m)
+        if a.flags.c_contiguous:
+            _blas_rows(a, b, out[i], bias, act, prm, cst, rows)
+        else:
+            _blas_whole(a, b, out[i], bias, act, prm, cst)
     return out
