@@ -231,7 +231,17 @@ def permute(x, dims, out=None):
     C-contiguous array whose axis ``i`` is ``x``'s axis ``dims[i]``.
 
     Unlike ``torch.permute`` the result is materialised, not a view. Shapes,
-    dtypes, devices and errors as :func:`transpose` (``dims`` is required).
+    dtypes and devices as :func:`transpose`; ``dims`` is required.
+
+    Raises
+    ------
+    TypeError
+        ``x`` is not an array of a supported dtype; ``dims`` is None or not
+        a sequence of ints; ``out`` has the wrong dtype or device.
+    ValueError
+        ``dims`` has the wrong length, an axis out of range or a repeated
+        axis; ``out`` has the wrong shape, is not C-contiguous or overlaps
+        ``x``.
 
     Example
     -------

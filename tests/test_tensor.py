@@ -429,6 +429,14 @@ def test_errors_name_the_operator():
         assert str(info.value).split(":")[0] in T.__all__
 
 
+def test_operators_carry_docs():
+    for name in T.__all__:
+        op = getattr(nbops, name)
+        assert isinstance(op, nbops.Operator) and op.__name__ == name
+        assert "Example" in op.__doc__ and "Raises" in op.__doc__, name
+        assert op.backward is not None, name
+
+
 def test_mixed_devices():
     x = rand((2, 3))
     d = to_dev(x, "cuda")
