@@ -56,18 +56,22 @@ Plan = namedtuple("Plan", "shape dst_strides src_strides axis")
 def plan_copy(shape, dst_strides, src_strides, itemsize):
     """How to copy between two layouts of ``shape`` (byte strides).
 
-    Returns ``(plan, word)``: a :class:`Plan` in elements of ``word`` bytes
-    (the itemsize, or 1 when a stride is not a multiple of it: the copy then
-    moves bytes, with the element's bytes as one more axis), where axes
-    traversed alike by both sides are merged and ``axis`` is the axis along
-    which the source is contiguous when the destination is contiguous along
-    the last axis instead (a tiled transpose), else -1.
+    Returns ``(plan, word)``: a :class:`Plan` in elements of ``word`` bytes,
+    where axes traversed alike by both sides are merged and ``axis`` is the
+    axis along which the source is contiguous when the destination is
+    contiguous along the last axis instead (a tiled transpose), else -1.
+    ``word`` is the itemsize when it is 1, 2, 4 or 8 bytes and divides every
+    stride; otherwise the largest of those that divides the itemsize and the
+    strides, and the element's words become one more axis (complex128 moves
+    as pairs of 8-byte words, a float32 field of a packed record as bytes).
     """
     shape, dst_strides, src_strides = tuple(shape), tuple(dst_strides), tuple(src_strides)
-    word = itemsize
-    if itemsize not in _WORDS or any(s % itemsize for s in dst_strides + src_strides):
-        shape, word = shape + (itemsize,), 1
-        dst_strides, src_strides = dst_strides + (1,), src_strides + (1,)
+    word = next(w for w in (8, 4, 2, 1)
+                if w <= itemsize and all(s % w == 0 for s in dst_strides + src_strides
+                                         + (itemsize,)))
+    if word != itemsize:
+        shape += (itemsize // word,)
+        dst_strides, src_strides = dst_strides + (word,), src_strides + (word,)
     cshape, (dst_s, src_s) = _layout.collapse(shape, dst_strides, src_strides)
     dst_s = tuple(s // word for s in dst_s)
     src_s = tuple(s // word for s in src_s)

@@ -166,9 +166,11 @@ def test_plan(shape, axes, axis, merged):
     assert (plan.axis, plan.shape, word) == (axis, merged, 4)
 
 
-def test_plan_bytes_for_wide_or_odd_elements():
-    plan, word = T.plan_copy((3, 4), (64, 16), (16, 48), 16)
-    assert word == 1 and plan.shape[-1] == 16
+def test_plan_words_for_wide_or_odd_elements():
+    plan, word = T.plan_copy((3, 4), (64, 16), (16, 48), 16)     # complex128
+    assert word == 8 and plan.shape == (3, 4, 2)
+    plan, word = T.plan_copy((3, 4), (16, 4), (4, 13), 4)        # packed record field
+    assert word == 1 and plan.shape == (3, 4, 4)
 
 
 # ---------------------------------------------------------------------------
