@@ -129,7 +129,9 @@ def _int_sequence(op, name, value):
     if not isinstance(value, (tuple, list)):
         raise TypeError(f"{op}: argument '{name}' must be a sequence of ints, "
                         f"got {_checks.describe(value)}")
-    return [_int(op, f"{name}[{i}]", v) for i, v in enumerate(value)]
+    # plain ints pass without building the error message's argument name
+    return [v if type(v) is int else _int(op, f"{name}[{i}]", v)
+            for i, v in enumerate(value)]
 
 
 def _permutation(op, name, axes, ndim):
@@ -139,7 +141,8 @@ def _permutation(op, name, axes, ndim):
     if len(axes) != ndim:
         raise ValueError(f"{op}: argument '{name}' must list all {ndim} axes of the array, "
                          f"got {len(axes)}: {tuple(axes)}")
-    perm = tuple(_checks.axis(op, f"{name}[{i}]", a, ndim) for i, a in enumerate(axes))
+    perm = tuple(a % ndim if -ndim <= a < ndim else _checks.axis(op, f"{name}[{i}]", a, ndim)
+                 for i, a in enumerate(axes))
     seen = set()
     for a, p in zip(axes, perm):
         if p in seen:
@@ -535,14 +538,18 @@ def reshape(x, shape):
     _array(op, "x", x)
     dev = _dispatch.resolve_device(op, x=x)
     new_shape = _target_shape(op, shape, math.prod(x.shape), x.shape)
-    strides = view_strides(tuple(x.shape), tuple(x.strides), new_shape, x.dtype.itemsize)
-    if strides is None:
-        x = _contiguous_copy(x, dev)
-        strides = _c_strides(new_shape, x.dtype.itemsize)
+    strides = None
+    if not _layout.is_c_contiguous(x):
+        strides = view_strides(tuple(x.shape), tuple(x.strides), new_shape, x.dtype.itemsize)
+        if strides is None:
+            x = _contiguous_copy(x, dev)
     if isinstance(x, np.ndarray):
+        if strides is None:  # contiguous: NumPy's own view, cheaper than as_strided
+            return x.reshape(new_shape)
         return np.lib.stride_tricks.as_strided(x, new_shape, strides,
                                                writeable=x.flags.writeable)
-    return _layout.strided_view(x, new_shape, strides)
+    return _layout.strided_view(x, new_shape, strides or _c_strides(new_shape,
+                                                                    x.dtype.itemsize))
 
 
 def _contiguous_copy(x, dev):
