@@ -242,13 +242,9 @@ def permute(x, dims, out=None):
 
     Raises
     ------
-    TypeError
-        ``x`` is not an array of a supported dtype; ``dims`` is None or not
-        a sequence of ints; ``out`` has the wrong dtype or device.
-    ValueError
-        ``dims`` has the wrong length, an axis out of range or a repeated
-        axis; ``out`` has the wrong shape, is not C-contiguous or overlaps
-        ``x``.
+    TypeError, ValueError
+        As :func:`transpose`, naming ``dims`` where it names ``axes``; and
+        TypeError when ``dims`` is None.
 
     Example
     -------
