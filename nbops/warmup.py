@@ -12,9 +12,11 @@ or from Python, including fused expressions::
 
     nbops.warmup(ops=["relu", my_fused_fn], dtypes=["float32"])
 
-Each op is called on tiny arrays in the layouts its kernels distinguish: 1-D
-contiguous, 2-D contiguous and 2-D strided (a column slice), with its
-parameter variants that select other kernels (``gelu(approximate="tanh")``).
+Each op is called in the layouts its kernels distinguish: 1-D contiguous,
+2-D contiguous and 2-D strided (a column slice), tiny and large (128K
+elements, above the size where ops switch to their multi-threaded
+kernels), with its parameter variants that select other kernels
+(``gelu(approximate="tanh")``).
 Layouts an op rejects (matmul of two vectors of the wrong length, say) are
 skipped and reported; only an op for which no layout works is an error.
 
@@ -41,6 +43,8 @@ VARIANTS = {
 }
 
 _DTYPES = ("float32", "float64")
+#: Elements of the "large" layouts: above every serial/parallel threshold.
+LARGE = 1 << 17
 
 
 def _layouts(n_arrays, dtype):
@@ -53,6 +57,11 @@ def _layouts(n_arrays, dtype):
     yield "1-D", tuple(make(33) for _ in range(n_arrays))
     yield "2-D", tuple(make((8, 8)) for _ in range(n_arrays))
     yield "2-D strided", tuple(make((8, 16))[:, ::2] for _ in range(n_arrays))
+    # large enough for the multi-threaded kernels of ops that keep small
+    # inputs on the calling thread (nbops.fuse, optimizers, ...)
+    yield "1-D large", tuple(make(LARGE) for _ in range(n_arrays))
+    yield "2-D large strided", tuple(make((LARGE // 512, 1024))[:, ::2]
+                                     for _ in range(n_arrays))
 
 
 def _arity(fn):

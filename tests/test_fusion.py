@@ -26,6 +26,15 @@ RTOL_SUM = {np.float32: 1e-5, np.float64: 1e-12}
 rng = np.random.default_rng(1)
 
 
+@pytest.fixture(autouse=True)
+def parallel_kernels(monkeypatch):
+    """Run the multi-threaded CPU kernels (what large inputs use) on the tests'
+    small shapes; test_small_inputs_run_on_the_calling_thread covers the rest."""
+    from nbops.cpu import fusion as kernels
+
+    monkeypatch.setattr(kernels, "SERIAL_BELOW", 0)
+
+
 def host(y):
     return np.asarray(y) if isinstance(y, np.generic) else _host(y)
 
@@ -242,8 +251,8 @@ def test_kernels_are_cached_per_pattern_and_written_to_the_cache_dir():
     x = arr(10)
 
     def files():
-        return {sys.modules[k.__module__].__file__ for p, k in kernels._KERNELS.values()
-                if p is f.trace(("a", "a"))[1]}
+        return {sys.modules[k[1].py_func.__module__].__file__
+                for p, k in kernels._KERNELS.values() if p is f.trace(("a", "a"))[1]}
 
     f(x, x)
     (first,) = files()
@@ -255,6 +264,17 @@ def test_kernels_are_cached_per_pattern_and_written_to_the_cache_dir():
     assert len(files()) == 2
     assert f.expression(x, x) == "((x0 * x1) - (x1 / (x0 + 3)))"
     assert "fuse[<lambda>]" in repr(f)
+
+
+def test_small_inputs_run_on_the_calling_thread(monkeypatch):
+    from nbops.cpu import fusion as kernels
+
+    monkeypatch.setattr(kernels, "SERIAL_BELOW", 1 << 16)
+    x, y = arr((3, 1)), arr((1, 37))
+    np.testing.assert_allclose(EXPR(x, y), _expr(x, y), **TOL[np.float32])
+    (serial, parallel), = [k for p, k in kernels._KERNELS.values()
+                           if p is EXPR.trace(("a", "a"))[1] and k[0].signatures]
+    assert serial.signatures   # the serial form ran (and compiled) for 111 elements
 
 
 def test_named_and_decorator_forms():

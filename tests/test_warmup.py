@@ -16,10 +16,10 @@ _LATER = """
 import gc
 import numpy as np, nbops
 from numba.core.registry import CPUDispatcher
-x = np.ones(50, np.float32)
+x, big = np.ones(50, np.float32), np.ones(1 << 17, np.float32)
 nbops.relu(x)
 f = nbops.fuse(lambda a, b: a * b + 2.0, name="warm_fma")
-assert f(x, x)[0] == 3.0
+assert f(x, x)[0] == 3.0 and f(big, big)[-1] == 3.0
 hits = misses = 0
 for obj in gc.get_objects():
     if isinstance(obj, CPUDispatcher) and obj.signatures:
@@ -45,13 +45,14 @@ def test_a_later_process_loads_instead_of_compiling(tmp_path):
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     cli = _run(env, "-m", "nbops", "warmup", "--ops", "relu", "--dtypes", "float32", "--quiet")
     assert cli.returncode == 0, cli.stderr
-    assert "nbops warmup: 1 op(s), 3 kernel call(s) compiled or loaded" in cli.stdout
+    assert "nbops warmup: 1 op(s), 5 kernel call(s) compiled or loaded" in cli.stdout
     api = _run(env, "-c", _WARM_FUSED)
     assert api.returncode == 0, api.stderr
     later = _run(env, "-c", _LATER)
     assert later.returncode == 0, later.stderr
     hits, misses = map(int, later.stdout.split())
-    assert misses == 0 and hits >= 2   # relu's kernel and the fused kernel, both loaded
+    # relu's kernel and the fused kernel's serial and parallel forms: loaded, not compiled
+    assert misses == 0 and hits >= 2
 
 
 def test_command_line_refuses_unknown_ops():
@@ -61,8 +62,8 @@ def test_command_line_refuses_unknown_ops():
 
 def test_report_lists_layouts_and_variants():
     report = nb.warmup(ops=["gelu", "relu_backward"], dtypes="float32")
-    assert report["gelu"]["ok"] == [("float32", "cpu", "1-D"), ("float32", "cpu", "2-D"),
-                                    ("float32", "cpu", "2-D strided")]
+    assert report["gelu"]["ok"] == [("float32", "cpu", layout) for layout in (
+        "1-D", "2-D", "2-D strided", "1-D large", "2-D large strided")]
     assert report["relu_backward"]["skipped"] == []
     assert report["gelu"]["seconds"] >= 0
 
@@ -70,7 +71,7 @@ def test_report_lists_layouts_and_variants():
 def test_fused_functions_and_operators_are_accepted(device):
     f = nb.fuse(lambda a: a * 2.0 + 1.0)
     report = nb.warmup(ops=[f, nb.relu], dtypes=["float32"], devices=[device])
-    assert len(report[f.name]["ok"]) == 3 and len(report["relu"]["ok"]) == 3
+    assert len(report[f.name]["ok"]) == 5 and len(report["relu"]["ok"]) == 5
 
 
 def test_errors():
