@@ -52,6 +52,16 @@ def _row_of(indptr, k):
     return lo
 
 
+@cuda.jit(device=True)
+def _group_layout(g):
+    """``(thread, lane, group in block, first item, grid stride)`` for
+    groups of ``g`` threads, each taking one item (row or nonzero) at a time;
+    every thread of a block runs the same number of iterations."""
+    tid = cuda.threadIdx.x
+    per_block = cuda.blockDim.x // g
+    return tid, tid % g, tid // g, cuda.blockIdx.x * per_block, cuda.gridDim.x * per_block
+
+
 @functools.lru_cache(maxsize=None)
 def _group_kernels(dtype):
     """SpMV, SDDMM and row softmax for one value dtype (the shared-memory
@@ -81,11 +91,9 @@ def _group_kernels(dtype):
     @cuda.jit
     def spmv(data, indices, indptr, x, y, scale, g):
         sm = cuda.shared.array(THREADS, nb_t)
-        tid = cuda.threadIdx.x
-        lane = tid % g
-        per_block = cuda.blockDim.x // g
-        for base in range(cuda.blockIdx.x * per_block, y.size, cuda.gridDim.x * per_block):
-            r = base + tid // g
+        tid, lane, grp, first, stride = _group_layout(g)
+        for base in range(first, y.size, stride):
+            r = base + grp
             acc = val_t(0)
             if r < y.size:
                 for k in range(indptr[r] + lane, indptr[r + 1], g):
@@ -97,11 +105,9 @@ def _group_kernels(dtype):
     @cuda.jit
     def sddmm(indices, indptr, X, Y, out, g):
         sm = cuda.shared.array(THREADS, nb_t)
-        tid = cuda.threadIdx.x
-        lane = tid % g
-        per_block = cuda.blockDim.x // g
-        for base in range(cuda.blockIdx.x * per_block, out.size, cuda.gridDim.x * per_block):
-            k = base + tid // g
+        tid, lane, grp, first, stride = _group_layout(g)
+        for base in range(first, out.size, stride):
+            k = base + grp
             acc = val_t(0)
             if k < out.size:
                 r = _row_of(indptr, k)
@@ -117,12 +123,10 @@ def _group_kernels(dtype):
         # forward: out = softmax(data) per row; backward (data = the forward
         # output y): out = y * (grad - sum_row(y * grad))
         sm = cuda.shared.array(THREADS, nb_t)
-        tid = cuda.threadIdx.x
-        lane = tid % g
-        per_block = cuda.blockDim.x // g
+        tid, lane, grp, first, stride = _group_layout(g)
         nrows = indptr.size - 1
-        for base in range(cuda.blockIdx.x * per_block, nrows, cuda.gridDim.x * per_block):
-            r = base + tid // g
+        for base in range(first, nrows, stride):
+            r = base + grp
             a = indptr[r] if r < nrows else 0
             b = indptr[r + 1] if r < nrows else 0
             s = val_t(0)
