@@ -242,3 +242,15 @@ def test_demo_lists_families_with_missing_ops(registered):
     assert demo.run_demo(quick=True, devices=("cpu",), only=["testfake"],
                          write=lines.append) == 0
     assert "  skipped: nbops.no_such_op not there yet" in lines
+
+
+def test_a_family_that_fails_to_import_is_a_demo_failure(monkeypatch):
+    harness.cases()
+    monkeypatch.setitem(harness._broken, "brokenfam", "SyntaxError: oops")
+    lines = []
+    assert demo.run_demo(quick=True, devices=("cpu",), only=["brokenfam"],
+                         write=lines.append) == 1
+    assert any("did not load: SyntaxError: oops" in ln for ln in lines)
+    lines.clear()
+    harness.run_bench([], [16], ["float32"], write=lines.append)
+    assert "brokenfam: not loaded, SyntaxError: oops" in lines

@@ -62,9 +62,13 @@ def run_demo(quick=False, devices=("cpu", "cuda"), only=None, write=print):
           "elements per input" + (f", CUDA {harness.size_label(_size(targets[-1][1], quick))}"
                                   if targets and targets[-1][0] == "cuda" else ""))
     failures = 0
+    for family, error in harness.broken().items():
+        if not only or family in only:
+            write(f"\n{family}\n  FAIL: the family's module did not load: {error}")
+            failures += 1
     families = {}
-    demo_families = {family for family, _ in harness.demos()}
-    case_patterns = [p for p in only or () if p not in demo_families]
+    other_families = {family for family, _ in harness.demos()} | set(harness.broken())
+    case_patterns = [p for p in only or () if p not in other_families]
     for case in harness.select(case_patterns) if case_patterns or not only else ():
         families.setdefault(case.family, ([], []))[0].append(case)
     for family, step in harness.demos():

@@ -143,6 +143,7 @@ def _div(a, b, scale=1.0):
 _NOT_FAMILIES = {"harness", "demo"}
 _cases = None
 _demos = None
+_broken = {}
 
 
 def _load():
@@ -155,7 +156,11 @@ def _load():
     for mod in pkgutil.iter_modules(pkg.__path__):
         if mod.name.startswith("_") or mod.name in _NOT_FAMILIES:
             continue
-        module = importlib.import_module(f"{pkg.__name__}.{mod.name}")
+        try:
+            module = importlib.import_module(f"{pkg.__name__}.{mod.name}")
+        except Exception as exc:  # one family's bug must not hide the others
+            _broken[mod.name] = f"{type(exc).__name__}: {exc}"
+            continue
         for case in getattr(module, "CASES", ()):
             _add(cases, case, mod.name)
         demos.extend((mod.name, d) for d in getattr(module, "DEMOS", ()))
@@ -179,6 +184,7 @@ def register(case, family="user"):
 
 
 def unregister(name):
+    """Remove the case called ``name`` (if any)."""
     _load()
     _cases.pop(name, None)
 
@@ -187,6 +193,12 @@ def cases():
     """Every case by name, in family order then definition order."""
     _load()
     return dict(_cases)
+
+
+def broken():
+    """Families whose module failed to import: ``{family: error text}``."""
+    _load()
+    return dict(_broken)
 
 
 def demos():
@@ -446,6 +458,8 @@ def run_bench(selected, sizes, dtypes, *, rounds=5, pause=0.05, write=print):
     table as it goes; returns ``(results, copies)`` where ``copies`` maps
     ``(n, dtype name)`` to the copy kernel's GB/s measured just before."""
     results, copies = [], {}
+    for family, error in broken().items():
+        write(f"{family}: not loaded, {error}")
     for case in selected:
         missing = case.missing()
         if missing:
