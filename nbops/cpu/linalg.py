@@ -154,16 +154,30 @@ def _pack_b_sliver(bbuf, off, sbk, sbn, kc, cols, nr, sliver, zero):
             sliver[p, j] = zero
 
 
-@register_jitable
-def _epilogue_tile(outf, coff, ldc, rows, cols, bias, bcol, act, prm, cst):
-    has_bias = bias.size > 0
-    for i in range(rows):
-        r = coff + i * ldc
-        for j in range(cols):
-            v = outf[r + j]
-            if has_bias:
-                v += bias[bcol + j]
-            outf[r + j] = _apply_epilogue(v, act, prm, cst)
+def _epilogue_tile_source():
+    """Source of ``epilogue_tile(outf, coff, ldc, rows, cols, bias, bcol, act,
+    prm, cst)``: ``act(C + bias)`` over a rows x cols tile of C. The switch on
+    the activation sits outside the loops, so each loop is one formula over
+    unit-stride rows, which LLVM vectorizes (an if-chain per element would
+    not be)."""
+    lines = ["def epilogue_tile(outf, coff, ldc, rows, cols, bias, bcol, act, prm, cst):",
+             "    has_bias = bias.size > 0"]
+    for code, name in enumerate(EPILOGUES):
+        call = "v" if code == 0 else f"{name}(v, prm, cst)"
+        lines.append(f"    {'if' if code == 0 else 'elif'} act == {code}:")
+        for cond, term in (("has_bias", " + brow[j]"), ("not has_bias", "")):
+            lines += [f"        if {cond}:"]
+            lines += ["            brow = bias[bcol:bcol + cols]"] if term else []
+            lines += ["            for i in range(rows):",
+                      "                row = outf[coff + i * ldc:coff + i * ldc + cols]",
+                      "                for j in range(cols):",
+                      f"                    v = row[j]{term}",
+                      f"                    row[j] = {call}"]
+    return "\n".join(lines) + "\n"
+
+
+_epilogue_tile = register_jitable(
+    generated(_epilogue_tile_source(), "epilogue_tile", dict(vars(_formulas))))
 
 
 # The drivers below are templates: _make_drivers copies them per register
