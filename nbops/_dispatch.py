@@ -216,12 +216,18 @@ class Operator:
 
 def _has_tensor(args, kwargs):
     for a in args:
-        if type(a) is not np.ndarray and getattr(a, "__nbops_tensor__", False):
+        if type(a) is not np.ndarray and (getattr(a, "__nbops_tensor__", False)
+                                          or type(a) in _SEQUENCES and _has_tensor(a, {})):
             return True
     for a in kwargs.values():
-        if type(a) is not np.ndarray and getattr(a, "__nbops_tensor__", False):
+        if type(a) is not np.ndarray and (getattr(a, "__nbops_tensor__", False)
+                                          or type(a) in _SEQUENCES and _has_tensor(a, {})):
             return True
     return False
+
+
+# list/tuple arguments (nbops.cat's arrays) may hold tensors too
+_SEQUENCES = (list, tuple)
 
 
 def _hooked_call(op, args, kwargs):

@@ -412,7 +412,28 @@ _arithmetic_methods()
 
 
 def _unwrap(v):
-    return v.data if _is_tensor(v) else v
+    """A tensor's array; a list/tuple with its tensors unwrapped (as ``cat``
+    takes); anything else as it is."""
+    if _is_tensor(v):
+        return v.data
+    if type(v) in (list, tuple) and any(_is_tensor(x) for x in v):
+        return type(v)(_unwrap(x) for x in v)
+    return v
+
+
+def _tensors_in(position, v):
+    """``(position, tensor)`` for a tensor argument, ``((position, k),
+    tensor)`` for each tensor in a list/tuple argument."""
+    if _is_tensor(v):
+        return [(position, v)]
+    if type(v) in (list, tuple):
+        return [((position, k), x) for k, x in enumerate(v) if _is_tensor(x)]
+    return []
+
+
+def _label(position):
+    return f"input {position}" if isinstance(position, int) else \
+        f"input {position[0]}[{position[1]}]"
 
 
 def _wrap_outputs(out, node):
@@ -557,20 +578,21 @@ def apply_operator(op, args, kwargs):
         info = op._function = _OpSignature(op)
     raw_args = [_unwrap(a) for a in args]
     raw_kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
-    record = _State.grad_enabled and (
-        any(_is_tensor(a) and a.requires_grad for a in args)
-        or any(_is_tensor(v) and v.requires_grad for v in kwargs.values()))
+    record = _State.grad_enabled and any(
+        t.requires_grad for v in (*args, *kwargs.values()) for _, t in _tensors_in(0, v))
     out = op.front(*raw_args, **raw_kwargs)
     if not record:
         return _wrap_outputs(out, None)
     inputs, named, tensors = _bind(op, info.params, args, kwargs)
-    needs = tuple(any(p == i and t.requires_grad for p, t in tensors) for i in range(len(inputs)))
-    ctx = OperatorContext(op.name, tuple(inputs), named, out, needs)
+    needs = [False] * len(inputs)
+    for p, t in tensors:
+        needs[p if isinstance(p, int) else p[0]] |= t.requires_grad
+    ctx = OperatorContext(op.name, tuple(inputs), named, out, tuple(needs))
     parents = tuple((p, t) for p, t in tensors if t.requires_grad)
     node = _Node(op.name, op.backward or _no_backward(op.name), ctx, parents, len(inputs),
                  exact=False)
     wrapped = _wrap_outputs(out, node)
-    checked = ([(f"input {p}", t) for p, t in tensors] if "inputs" in op.save else []) + \
+    checked = ([(_label(p), t) for p, t in tensors] if "inputs" in op.save else []) + \
         ([("its output", t) for t in _output_tensors(wrapped)] if "output" in op.save else [])
     ctx._versions = tuple((p, t, t._version) for p, t in checked)
     return wrapped
@@ -583,7 +605,7 @@ def _bind(op, sig, args, kwargs):
         # the front accepted the call: bind positionally as given
         raw = list(args)
         return ([_unwrap(a) for a in raw], {k: _unwrap(v) for k, v in kwargs.items()},
-                [(i, a) for i, a in enumerate(raw) if _is_tensor(a)])
+                [pt for i, a in enumerate(raw) for pt in _tensors_in(i, a)])
     bound.apply_defaults()
     inputs, named, tensors = [], {}, []
     for name, value in bound.arguments.items():
@@ -596,8 +618,7 @@ def _bind(op, sig, args, kwargs):
                 named[k] = _unwrap(v)
             continue
         for v in (value if kind == inspect.Parameter.VAR_POSITIONAL else (value,)):
-            if _is_tensor(v):
-                tensors.append((len(inputs), v))
+            tensors.extend(_tensors_in(len(inputs), v))
             inputs.append(_unwrap(v))
         if kind != inspect.Parameter.VAR_POSITIONAL:
             named[name] = _unwrap(value)
@@ -712,15 +733,30 @@ def _run_node(node, out_grads, pending, delivered):
             f"{node.name}.backward returned {n} gradient(s), expected {node.n_inputs} "
             "(one per forward input, None where there is none; extra ones must be None)")
     for (pos, parent), (_, meta) in zip(node.parents, node.inputs_meta):
-        g = result[pos] if pos < n else None
+        g = _grad_at(node.name, result, pos)
         if g is None:
             continue
-        g = _checked_grad(node.name, pos, g, meta)
+        g = _checked_grad(node.name, _label(pos)[len("input "):], g, meta)
         delivered.add(g)
         if parent._node is None:
             _accumulate_leaf(parent, g, delivered)
         else:
             _add_pending(pending, parent._node, parent._index, g)
+
+
+def _grad_at(name, result, pos):
+    """The gradient for parameter ``pos`` (or element ``pos[1]`` of the
+    list/tuple parameter ``pos[0]``) among a backward's results."""
+    if isinstance(pos, int):
+        return result[pos] if pos < len(result) else None
+    i, k = pos
+    seq = result[i] if i < len(result) else None
+    if seq is None:
+        return None
+    if not isinstance(seq, (list, tuple)) or k >= len(seq):
+        raise RuntimeError(f"{name}.backward must return a list with one gradient per item "
+                           f"of its list argument {i}, got {type(seq).__name__}")
+    return seq[k]
 
 
 def _checked_grad(name, pos, g, meta):

@@ -77,6 +77,22 @@ OPS = [
      [lambda: rng.standard_normal(S), lambda: rng.random(S)]),
     ("cross_entropy", lambda a, t: nn.cross_entropy(a, t, reduction="none"),
      [lambda: rng.standard_normal(S), lambda: np.array([0, 3, 1])]),
+    # other modules' operators join the tape the same way
+    ("transpose", lambda a: nbops.transpose(a), [lambda: rng.standard_normal((2, 3))]),
+    ("permute", lambda a: nbops.permute(a, (2, 0, 1)), [lambda: rng.standard_normal((2, 1, 3))]),
+    ("reshape", lambda a: nbops.reshape(a.T, (3, 2)), [lambda: rng.standard_normal((2, 3))]),
+    ("contiguous", lambda a: nbops.contiguous(a.T), [lambda: rng.standard_normal((2, 3))]),
+    ("cat", lambda a, b: nbops.cat([a, b, a], axis=1),
+     [lambda: rng.standard_normal((2, 1)), lambda: rng.standard_normal((2, 2))]),
+    ("split", lambda a: nbops.split(a, [1, 2], axis=1)[1] * 2.0,
+     [lambda: rng.standard_normal((2, 3))]),
+    ("matmul", lambda a, b: nbops.matmul(a, b),
+     [lambda: rng.standard_normal((2, 3)), lambda: rng.standard_normal((3, 2))]),
+    ("bmm", lambda a, b: nbops.bmm(a, b),
+     [lambda: rng.standard_normal((2, 2, 3)), lambda: rng.standard_normal((2, 3, 1))]),
+    ("linear", lambda x, w, b: nbops.linear(x, w, b),
+     [lambda: rng.standard_normal((2, 3)), lambda: rng.standard_normal((2, 3)),
+      lambda: rng.standard_normal(2)]),
 ]
 
 
@@ -107,11 +123,11 @@ def test_gradcheck_broadcasting_random_shapes(shapes, op, seed):
 
 
 def test_table_covers_every_differentiable_operator_of_these_modules():
-    from nbops import activations, arith
+    from nbops import activations, arith, linalg, tensor
     from nbops.nn import losses
 
     covered = {o[0].split("-")[0] for o in OPS}
-    for module in (activations, arith, losses):
+    for module in (activations, arith, losses, tensor, linalg):
         assert _ops_of(module) <= covered, _ops_of(module) - covered
 
 
