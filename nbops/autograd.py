@@ -138,6 +138,7 @@ class Context:
 class _PlainContext:
     """The context forward gets on plain arrays: saves nothing."""
 
+    # indexable by any input position a forward may look up
     needs_input_grad = (False,) * 64
 
     def save_for_backward(self, *values):

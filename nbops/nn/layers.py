@@ -79,7 +79,6 @@ class _Elementwise(Module):
     """An activation with fixed parameters, calling the nbops operator."""
 
     fn = None
-    params = ()
 
     def __init__(self, **kwargs):
         super().__init__()
