@@ -30,15 +30,21 @@ _lif = importlib.import_module(".lif", __package__)
 
 _FASTMATH = frozenset({"nsz", "arcp"})
 
-#: Elements of a chunk's neuron loop (forward): a few KiB per input row.
-CHUNK = 1024
-#: Bytes of chunk-local buffers per backward chunk (3 buffers of [T, chunk]).
-BACKWARD_BUFFER = 256 * 1024
+#: Neurons per chunk (forward): long unit-stride runs of every input row
+#: (prefetchers stream within pages) while the chunk's state stays in L2.
+CHUNK = 32768
+#: Bytes of chunk-local buffers per backward chunk (2 buffers of [T, chunk]).
+BACKWARD_BUFFER = 512 * 1024
 
 
 for _f in _lif.functions().values():
     register_jitable(_f)
 del _f
+
+
+@register_jitable
+def _q(q, k, i):
+    return q[k, i]
 
 
 def _named(fn, name, parallel=True):
@@ -47,39 +53,63 @@ def _named(fn, name, parallel=True):
     return cpu_kernel(fn, parallel=parallel, fastmath=_FASTMATH)
 
 
+def _rows(prm, j0, n):
+    # the chunk's parameters as contiguous rows, shared ([4, 1]) or per
+    # neuron ([4, M]): reading rows from L1 cost nothing measurable against
+    # scalars, and one form means one compiled loop
+    pb = np.empty((4, n), prm.dtype)
+    per = prm.shape[1] > 1
+    for k in range(4):
+        for i in range(n):
+            pb[k, i] = prm[k, j0 + i if per else 0]
+    return pb
+
+
+_rows = register_jitable(_rows)
+
+
 def _forward_kernels(model):
     step = _lif.MODELS[model][0]
 
-    def chunk_body(x, a0, b0, prm, c, j0, j1, spk, a_out, b_out, keep_b, trace, tstride):
-        # one chunk's whole time loop, neurons innermost (unit stride), the
-        # state in chunk-local buffers; the trace row of step t starts at
-        # t * tstride (0: a scratch row, the trace is not kept)
-        pb = _params(prm, j0, j1)
-        sa = a0[j0:j1].copy()
-        sb = b0[j0:j1].copy() if keep_b else np.zeros(j1 - j0, x.dtype)
+    def sweep(x, j0, n, sa, sb, q, c, spk, trace):
+        # the chunk's time loop, neurons innermost (unit stride). Everything
+        # optional is None-or-array (pruned at compile time): a scratch
+        # store in this loop kept LLVM from vectorizing it (measured 2-3x)
         for t in range(x.shape[0]):
-            row = t * tstride
-            for i in range(j1 - j0):
-                j = j0 + i
-                s, u, th, a2, b2 = step(x[t, j], sa[i], sb[i],
-                                        (pb[0, i], pb[1, i], pb[2, i], pb[3, i]), c)
-                spk[t, j] = s
+            for i in range(n):
+                s, u, th, a2, b2 = step(x[t, j0 + i], sa[i], sb[i],
+                                        (_q(q, 0, i), _q(q, 1, i), _q(q, 2, i), _q(q, 3, i)),
+                                        c)
+                spk[t, j0 + i] = s
                 sa[i] = a2
                 sb[i] = b2
-                trace[row + j] = u
+                if trace is not None:
+                    trace[t, j0 + i] = u
+
+    sweep = register_jitable(sweep)
+
+    def chunk_body(x, a0, b0, prm, c, j0, j1, spk, a_out, b_out, keep_b, trace, with_trace):
+        n = j1 - j0
+        sa = a0[j0:j1].copy()
+        sb = b0[j0:j1].copy() if keep_b else np.zeros(n, x.dtype)
+        pb = _rows(prm, j0, n)
+        if with_trace:
+            sweep(x, j0, n, sa, sb, pb, c, spk, trace)
+        else:
+            sweep(x, j0, n, sa, sb, pb, c, spk, None)
         a_out[j0:j1] = sa
         if keep_b:
             b_out[j0:j1] = sb
 
     body = _named(chunk_body, f"{model}_forward_chunk", parallel=False)
 
-    def chunked(x, a0, b0, prm, c, chunk, spk, a_out, b_out, keep_b, trace, tstride):
+    def chunked(x, a0, b0, prm, c, chunk, spk, a_out, b_out, keep_b, trace, with_trace):
         m = x.shape[1]
         for k in prange((m + chunk - 1) // chunk):
             body(x, a0, b0, prm, c, k * chunk, min(k * chunk + chunk, m), spk, a_out, b_out,
-                 keep_b, trace, tstride)
+                 keep_b, trace, with_trace)
 
-    def time_outer(x, a0, b0, prm, c, chunk, spk, a_out, b_out, keep_b, trace, tstride):
+    def time_outer(x, a0, b0, prm, c, chunk, spk, a_out, b_out, keep_b, trace, with_trace):
         n_t, m = x.shape
         for j in prange(m):
             a_out[j] = a0[j]
@@ -93,7 +123,8 @@ def _forward_kernels(model):
                 spk[t, j] = s
                 a_out[j] = a2
                 b_out[j] = b2
-                trace[t * tstride + j] = u
+                if with_trace:
+                    trace[t, j] = u
 
     return (_named(chunked, f"{model}_forward"), _named(time_outer, f"{model}_forward_t"))
 
@@ -101,73 +132,86 @@ def _forward_kernels(model):
 def _backward_kernel(model, surrogate):
     step, adj = _lif.MODELS[model][:2]
     sg = _lif.SURROGATES[surrogate][0]
+    reset = _lif._reset
 
-    def chunk_body(x, a0, b0, prm, c, sp, j0, n, gs, gtrace, gtstride, ga_t, gb_t, gx, ga0,
-                   gb0, gbeta, gthr):
-        n_t = x.shape[0]
-        pb = _params(prm, j0, j0 + n)
-        uu = np.empty((n_t, n), x.dtype)
-        tt = np.empty((n_t, n), x.dtype)
-        vp = np.empty((n_t, n), x.dtype)
-        sa = np.empty(n, x.dtype)
-        sb = np.empty(n, x.dtype)
-        for i in range(n):
-            sa[i] = a0[j0 + i]
-            sb[i] = b0[j0 + i]
-        for t in range(n_t):
+    def recompute(x, j0, n, sa, sb, q, c, uu, tt):
+        # the chunk's forward again, keeping the membrane and the threshold
+        for t in range(x.shape[0]):
             for i in range(n):
                 s, u, th, a2, b2 = step(x[t, j0 + i], sa[i], sb[i],
-                                        (pb[0, i], pb[1, i], pb[2, i], pb[3, i]), c)
+                                        (_q(q, 0, i), _q(q, 1, i), _q(q, 2, i), _q(q, 3, i)),
+                                        c)
                 uu[t, i] = u
                 tt[t, i] = th
-                vp[t, i] = sa[i]
                 sa[i] = a2
                 sb[i] = b2
-        # sa/sb now carry the gradients of the state, from the last step back
-        for i in range(n):
-            sa[i] = ga_t[j0 + i]
-            sb[i] = gb_t[j0 + i]
-            gbeta[j0 + i] = c.zero
-            gthr[j0 + i] = c.zero
+
+    def reverse(j0, n, a0, q, c, sp, uu, tt, gs, gtrace, ga, gb, gx, acc_b, acc_t):
+        # ga/gb carry the gradients of the state from the last step back;
+        # the state before step t is the reset of step t - 1 (or a0)
+        n_t = uu.shape[0]
         for k in range(n_t):
             t = n_t - 1 - k
             for i in range(n):
-                j = j0 + i
                 u = uu[t, i]
                 th = tt[t, i]
-                gu_ext = gtrace[t * gtstride + j]
-                g, ga, gb, db, dth = adj(gs[t, j], gu_ext, u, th, vp[t, i], u > th,
-                                         sg(u - th, sp, c), sa[i], sb[i],
-                                         (pb[0, i], pb[1, i], pb[2, i], pb[3, i]), c)
-                gx[t, j] = g
-                sa[i] = ga
-                sb[i] = gb
-                gbeta[j] += db
-                gthr[j] += dth
-        for i in range(n):
-            ga0[j0 + i] = sa[i]
-            gb0[j0 + i] = sb[i]
+                if t > 0:
+                    up = uu[t - 1, i]
+                    tp = tt[t - 1, i]
+                    vprev = reset(up, up > tp, tp, c)
+                else:
+                    vprev = a0[j0 + i]
+                gu_ext = gtrace[t, j0 + i] if gtrace is not None else c.zero
+                g, ga2, gb2, db, dth = adj(gs[t, j0 + i], gu_ext, u, th, vprev, u > th,
+                                           sg(u - th, sp, c), ga[i], gb[i],
+                                           (_q(q, 0, i), _q(q, 1, i), _q(q, 2, i),
+                                            _q(q, 3, i)), c)
+                gx[t, j0 + i] = g
+                ga[i] = ga2
+                gb[i] = gb2
+                acc_b[i] += db
+                acc_t[i] += dth
+
+    recompute = register_jitable(recompute)
+    reverse = register_jitable(reverse)
+
+    def run(x, a0, b0, q, c, sp, j0, n, gs, gtrace, ga_t, gb_t, gx, ga0, gb0, gbeta, gthr):
+        n_t = x.shape[0]
+        uu = np.empty((n_t, n), x.dtype)
+        tt = np.empty((n_t, n), x.dtype)
+        sa = a0[j0:j0 + n].copy()
+        sb = b0[j0:j0 + n].copy()
+        recompute(x, j0, n, sa, sb, q, c, uu, tt)
+        ga = ga_t[j0:j0 + n].copy()
+        gb = gb_t[j0:j0 + n].copy()
+        acc_b = np.zeros(n, x.dtype)
+        acc_t = np.zeros(n, x.dtype)
+        reverse(j0, n, a0, q, c, sp, uu, tt, gs, gtrace, ga, gb, gx, acc_b, acc_t)
+        ga0[j0:j0 + n] = ga
+        gb0[j0:j0 + n] = gb
+        gbeta[j0:j0 + n] = acc_b
+        gthr[j0:j0 + n] = acc_t
+
+    run = register_jitable(run)
+
+    def chunk_body(x, a0, b0, prm, c, sp, j0, n, gs, gtrace, with_gtrace, ga_t, gb_t, gx,
+                   ga0, gb0, gbeta, gthr):
+        pb = _rows(prm, j0, n)
+        if with_gtrace:
+            run(x, a0, b0, pb, c, sp, j0, n, gs, gtrace, ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
+        else:
+            run(x, a0, b0, pb, c, sp, j0, n, gs, None, ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
 
     body = _named(chunk_body, f"{model}_{surrogate}_backward_chunk", parallel=False)
 
-    def bwd(x, a0, b0, prm, c, sp, chunk, gs, gtrace, gtstride, ga_t, gb_t, gx, ga0, gb0,
+    def bwd(x, a0, b0, prm, c, sp, chunk, gs, gtrace, with_gtrace, ga_t, gb_t, gx, ga0, gb0,
             gbeta, gthr):
         m = x.shape[1]
         for k in prange((m + chunk - 1) // chunk):
             body(x, a0, b0, prm, c, sp, k * chunk, min(chunk, m - k * chunk), gs, gtrace,
-                 gtstride, ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
+                 with_gtrace, ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
 
     return _named(bwd, f"{model}_{surrogate}_backward")
-
-
-@register_jitable
-def _params(prm, j0, j1):
-    # the chunk's parameters, unit stride: shared ([4, 1]) or per neuron ([4, M])
-    pb = np.empty((4, j1 - j0), prm.dtype)
-    for k in range(4):
-        for j in range(j0, j1):
-            pb[k, j - j0] = prm[k, j if prm.shape[1] > 1 else 0]
-    return pb
 
 
 _FORWARD = {}
@@ -198,9 +242,10 @@ def forward(model, x, a0, b0, p, c, spk, a_out, b_out, trace, time_outer=False):
     keep_b = b_out is not None
     if not keep_b:
         b0 = b_out = np.zeros(m, x.dtype)
-    tr, ts = (trace.reshape(-1), m) if trace is not None else (np.empty(m, x.dtype), 0)
+    # an absent trace is a dummy of the same type: one kernel signature
+    tr = trace if trace is not None else np.empty((1, 1), x.dtype)
     kern = _forward_for(model)[1 if time_outer else 0]
-    kern(x, a0, b0, p, c, _chunk(m), spk, a_out, b_out, keep_b, tr, ts)
+    kern(x, a0, b0, p, c, _chunk(m), spk, a_out, b_out, keep_b, tr, trace is not None)
 
 
 def backward(model, surrogate, x, a0, b0, p, c, sp, gs, gtrace, ga_t, gb_t,
@@ -219,11 +264,11 @@ def backward(model, surrogate, x, a0, b0, p, c, sp, gs, gtrace, ga_t, gb_t,
     key = (model, surrogate)
     if key not in _BACKWARD:
         _BACKWARD[key] = _backward_kernel(model, surrogate)
-    # chunk-local buffers of three [T, chunk] traces stay within L2
-    chunk = max(16, min(CHUNK, BACKWARD_BUFFER // (3 * max(n_t, 1) * x.itemsize) // 16 * 16))
-    gtr, gts = (gtrace.reshape(-1), m) if gtrace is not None else (np.zeros(m, x.dtype), 0)
-    _BACKWARD[key](x, a0, b0, p, c, sp, _chunk(m, chunk), gs, gtr, gts, ga_t, gb_t,
-                   gx, ga0, gb0, gbeta, gthr)
+    # the chunk-local [T, chunk] membrane and threshold stay within L2
+    chunk = max(16, min(CHUNK, BACKWARD_BUFFER // (2 * max(n_t, 1) * x.itemsize) // 16 * 16))
+    gtr = gtrace if gtrace is not None else np.empty((1, 1), x.dtype)
+    _BACKWARD[key](x, a0, b0, p, c, sp, _chunk(m, chunk), gs, gtr, gtrace is not None,
+                   ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
 
 
 def _chunk(m, chunk=CHUNK):
