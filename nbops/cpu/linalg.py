@@ -143,11 +143,14 @@ def _pack_a(abuf, off, sam, sak, mc, kc, mr, apack, zero):
 
 
 @register_jitable
-def _pack_b_sliver(bbuf, off, sbk, sbn, kc, cols, nr, sliver, zero):
-    """sliver[p, j] = B[p, j] for the kc x cols sliver at ``off``; columns
-    past ``cols`` are zero."""
+def _pack_b_sliver(bbuf, off, sbk, sbn, kc, nc, jr, nr, bpack, zero):
+    """bpack[jr, p, j] = B[p, jr*nr + j] over the kc x nc panel at ``off``;
+    columns past nc are zero."""
+    src0 = off + jr * nr * sbn
+    cols = min(nr, nc - jr * nr)
+    sliver = bpack[jr]
     for p in range(kc):
-        src = off + p * sbk
+        src = src0 + p * sbk
         for j in range(cols):
             sliver[p, j] = bbuf[src + j * sbn]
         for j in range(cols, nr):
@@ -186,7 +189,7 @@ _epilogue_tile = register_jitable(
 # valid across processes: Numba keys a closure's cache entry on a pickle of
 # its cells, which differs in every process for a dispatcher cell.
 MR = NR = 0
-_micro = _macro = _fill = None
+_micro = _macro = None
 
 
 def _macro_t(abuf, a_off, sam, sak, bpack, jr0, jr1, nc, outf, c_off, ldc, mc, kc,
@@ -220,12 +223,24 @@ def _macro_t(abuf, a_off, sam, sak, bpack, jr0, jr1, nc, outf, c_off, ldc, mc, k
                                act, prm, cst)
 
 
-def _fill_t(outf, c_off, m, n, bias, act, prm, cst):
-    # k == 0: C = act(0 + bias)
-    for i in range(m):
+@cpu_kernel
+def _fill(outf, nbatch, m, n, bias, act, prm, cst):
+    # k == 0: every C = act(0 + bias)
+    for i in range(nbatch * m):
         for j in range(n):
-            outf[c_off + i * n + j] = cst.zero
-    _epilogue_tile(outf, c_off, n, m, n, bias, 0, act, prm, cst)
+            outf[i * n + j] = cst.zero
+    _epilogue_tile(outf, 0, n, nbatch * m, n, bias, 0, act, prm, cst)
+
+
+@register_jitable
+def _panel(q, n, k, NC, KC, nr):
+    """Panel ``q`` of the (column panel, k slice) loop nest: (jc, nc, slivers
+    of nc, pc, kc)."""
+    nk = (k + KC - 1) // KC
+    jc = (q // nk) * NC
+    pc = (q % nk) * KC
+    nc = min(NC, n - jc)
+    return jc, nc, (nc + nr - 1) // nr, pc, min(KC, k - pc)
 
 
 def _tiles_t(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, outf, nbatch, m, n, k,
@@ -234,35 +249,28 @@ def _tiles_t(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, outf, nbatch, m, n, k,
     kcap = max(1, min(KC, k))
     bpack = np.empty(((min(NC, n) + NR - 1) // NR, kcap, NR), outf.dtype)
     nmc = (m + MC - 1) // MC
+    npanels = ((n + NC - 1) // NC) * ((k + KC - 1) // KC)
     for bi in range(nbatch):
         c0 = bi * m * n
-        if k == 0:
-            _fill(outf, c0, m, n, bias, act, prm, cst)
-            continue
-        for jc in range(0, n, NC):
-            nc = min(NC, n - jc)
-            nnr = (nc + NR - 1) // NR
-            for pc in range(0, k, KC):
-                kc = min(KC, k - pc)
-                b_off = offb[bi] + pc * sbk + jc * sbn
-                for jr in prange(nnr):
-                    _pack_b_sliver(bbuf, b_off + jr * NR * sbn, sbk, sbn, kc,
-                                   min(NR, nc - jr * NR), NR, bpack[jr], zero)
-                # chunk columns when row blocks alone cannot feed the threads
-                nj = max(1, min(nnr, (TASKS_PER_THREAD * nthreads + nmc - 1) // nmc))
-                per = (nnr + nj - 1) // nj
-                for t in prange(nmc * nj):
-                    ic = (t // nj) * MC
-                    jr0 = (t % nj) * per
-                    jr1 = min(nnr, jr0 + per)
-                    if jr0 < jr1:
-                        apack = np.empty(((min(MC, m) + MR - 1) // MR, kcap, MR),
-                                         outf.dtype)
-                        scratch = np.empty(MR * NR, outf.dtype)
-                        _macro(abuf, offa[bi] + ic * sam + pc * sak, sam, sak, bpack,
-                               jr0, jr1, nc, outf, c0 + ic * n + jc, n, min(MC, m - ic),
-                               kc, pc == 0, pc + kc == k, apack, scratch, bias, jc,
-                               act, prm, cst)
+        for q in range(npanels):
+            jc, nc, nnr, pc, kc = _panel(q, n, k, NC, KC, NR)
+            for jr in prange(nnr):
+                _pack_b_sliver(bbuf, offb[bi] + pc * sbk + jc * sbn, sbk, sbn, kc, nc, jr,
+                               NR, bpack, zero)
+            # chunk columns when row blocks alone cannot feed the threads
+            nj = max(1, min(nnr, (TASKS_PER_THREAD * nthreads + nmc - 1) // nmc))
+            per = (nnr + nj - 1) // nj
+            for t in prange(nmc * nj):
+                ic = (t // nj) * MC
+                jr0 = (t % nj) * per
+                jr1 = min(nnr, jr0 + per)
+                if jr0 < jr1:
+                    apack = np.empty(((min(MC, m) + MR - 1) // MR, kcap, MR), outf.dtype)
+                    scratch = np.empty(MR * NR, outf.dtype)
+                    _macro(abuf, offa[bi] + ic * sam + pc * sak, sam, sak, bpack,
+                           jr0, jr1, nc, outf, c0 + ic * n + jc, n, min(MC, m - ic),
+                           kc, pc == 0, pc + kc == k, apack, scratch, bias, jc,
+                           act, prm, cst)
 
 
 def _batched_t(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, outf, nbatch, m, n, k,
@@ -271,29 +279,23 @@ def _batched_t(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, outf, nbatch, m, n, k
     # and allocated once per task (large fresh allocations are page faults)
     nchunks = min(nbatch, TASKS_PER_THREAD * nthreads)
     kcap = max(1, min(KC, k))
+    npanels = ((n + NC - 1) // NC) * ((k + KC - 1) // KC)
     for t in prange(nchunks):
         bpack = np.empty(((min(NC, n) + NR - 1) // NR, kcap, NR), outf.dtype)
         apack = np.empty(((min(MC, m) + MR - 1) // MR, kcap, MR), outf.dtype)
         scratch = np.empty(MR * NR, outf.dtype)
         for bi in range(t * nbatch // nchunks, (t + 1) * nbatch // nchunks):
             c0 = bi * m * n
-            if k == 0:
-                _fill(outf, c0, m, n, bias, act, prm, cst)
-                continue
-            for jc in range(0, n, NC):
-                nc = min(NC, n - jc)
-                nnr = (nc + NR - 1) // NR
-                for pc in range(0, k, KC):
-                    kc = min(KC, k - pc)
-                    b_off = offb[bi] + pc * sbk + jc * sbn
-                    for jr in range(nnr):
-                        _pack_b_sliver(bbuf, b_off + jr * NR * sbn, sbk, sbn, kc,
-                                       min(NR, nc - jr * NR), NR, bpack[jr], cst.zero)
-                    for ic in range(0, m, MC):
-                        _macro(abuf, offa[bi] + ic * sam + pc * sak, sam, sak, bpack,
-                               0, nnr, nc, outf, c0 + ic * n + jc, n, min(MC, m - ic),
-                               kc, pc == 0, pc + kc == k, apack, scratch, bias, jc,
-                               act, prm, cst)
+            for q in range(npanels):
+                jc, nc, nnr, pc, kc = _panel(q, n, k, NC, KC, NR)
+                for jr in range(nnr):
+                    _pack_b_sliver(bbuf, offb[bi] + pc * sbk + jc * sbn, sbk, sbn, kc, nc,
+                                   jr, NR, bpack, cst.zero)
+                for ic in range(0, m, MC):
+                    _macro(abuf, offa[bi] + ic * sam + pc * sak, sam, sak, bpack,
+                           0, nnr, nc, outf, c0 + ic * n + jc, n, min(MC, m - ic),
+                           kc, pc == 0, pc + kc == k, apack, scratch, bias, jc,
+                           act, prm, cst)
 
 
 def _bind(template, scope, name):
@@ -309,7 +311,6 @@ def _make_drivers(mr, nr):
     micro = cpu_kernel(generated(src, name, {"wide": _prefer_wide_vectors}))
     scope.update(MR=mr, NR=nr, _micro=micro)
     scope["_macro"] = register_jitable(_bind(_macro_t, scope, f"gemm_macro_{mr}x{nr}"))
-    scope["_fill"] = register_jitable(_bind(_fill_t, scope, f"gemm_fill_{mr}x{nr}"))
     tiles = cpu_kernel(_bind(_tiles_t, scope, f"gemm_tiles_{mr}x{nr}"), parallel=True)
     batched = cpu_kernel(_bind(_batched_t, scope, f"gemm_batched_{mr}x{nr}"), parallel=True)
     return tiles, batched, scope["_micro"]
@@ -340,6 +341,9 @@ def gemm(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act, pr
     """
     nbatch = out.shape[0]
     if out.size == 0:
+        return out
+    if k == 0:
+        _fill(out.reshape(-1), nbatch, m, n, bias, act, prm, cst)
         return out
     tiles, batched, _ = drivers(out.dtype)
     # get_num_threads() is read here: inside a kernel it would make it uncacheable

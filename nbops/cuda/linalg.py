@@ -38,6 +38,25 @@ _apply_epilogue = cuda.jit(device=True)(
     generated(epilogue_source(), "apply_epilogue", dict(_DEVICE)))
 
 
+@cuda.jit(device=True)
+def _stage(tile, buf, off, s_outer, s_k, outer0, outer_n, width, k0, k, tid, zero):
+    """tile[kk, o] = operand[outer0 + o, k0 + kk] (zero outside), loaded by
+    the whole block; consecutive threads take consecutive k when k is the
+    unit-stride axis (row-major A, transposed B), else consecutive o, so
+    global loads coalesce either way."""
+    k_fastest = s_k == 1 and s_outer != 1
+    for e in range(tid, width * BK, TX * TY):
+        if k_fastest:
+            o = e // BK
+            kk = e - o * BK
+        else:
+            kk = e // width
+            o = e - kk * width
+        r = outer0 + o
+        kx = k0 + kk
+        tile[kk, o] = buf[off + r * s_outer + kx * s_k] if r < outer_n and kx < k else zero
+
+
 def _make_kernel(nbtype):
     @cuda.jit
     def gemm_kernel(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act,
@@ -59,26 +78,8 @@ def _make_kernel(nbtype):
                 for j in range(RN):
                     acc[i, j] = zero
             for k0 in range(0, k, BK):
-                for e in range(tid, BM * BK, TX * TY):
-                    if sak == 1:
-                        i = e // BK
-                        kk = e - i * BK
-                    else:
-                        kk = e // BM
-                        i = e - kk * BM
-                    r = row0 + i
-                    kx = k0 + kk
-                    a_tile[kk, i] = abuf[oa + r * sam + kx * sak] if r < m and kx < k else zero
-                for e in range(tid, BK * BN, TX * TY):
-                    if sbk == 1 and sbn != 1:
-                        j = e // BK
-                        kk = e - j * BK
-                    else:
-                        kk = e // BN
-                        j = e - kk * BN
-                    c = col0 + j
-                    kx = k0 + kk
-                    b_tile[kk, j] = bbuf[ob + kx * sbk + c * sbn] if c < n and kx < k else zero
+                _stage(a_tile, abuf, oa, sam, sak, row0, m, BM, k0, k, tid, zero)
+                _stage(b_tile, bbuf, ob, sbn, sbk, col0, n, BN, k0, k, tid, zero)
                 cuda.syncthreads()
                 for kk in range(BK):
                     for i in range(RM):
