@@ -37,3 +37,26 @@ CASES = [
          lambda a, b, out: np.matmul(a, b, out=out), out_like=_shape, flops=_flops,
          requires=("matmul",), tol=(1e-4, 1e-12), baseline_name="numpy (BLAS)"),
 ]
+
+
+# --- GEMM routes and the fused epilogue (added with nbops.linalg) -----------
+
+def _gelu_numpy(z, out):
+    from scipy import special
+
+    np.multiply(0.5 * z, special.erfc(-z / math.sqrt(2.0)), out=out)
+    return out
+
+
+CASES += [
+    Case("matmul_blas_route", _setup,
+         lambda a, b, out: nbops.matmul(a, b, out=out, impl="blas"),
+         lambda a, b, out: np.matmul(a, b, out=out), out_like=_shape, flops=_flops,
+         requires=("matmul",), tol=(1e-4, 1e-12), baseline_name="numpy (BLAS)"),
+    # linear(x, w, activation="gelu"): the gelu runs in the GEMM's epilogue
+    Case("linear_gelu", _setup,
+         lambda x, w, out: nbops.linear(x, w, activation="gelu", out=out),
+         lambda x, w, out: _gelu_numpy(np.matmul(x, w.T, out=out), out),
+         out_like=_shape, flops=_flops, requires=("linear",), tol=(1e-4, 1e-10),
+         baseline_name="numpy + scipy erfc"),
+]
