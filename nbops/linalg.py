@@ -400,6 +400,8 @@ def _sum_to(x, shape):
 
 
 def _reshape(x, shape):
+    """``x.reshape(shape)`` for NumPy arrays, Numba device arrays and other
+    ``__cuda_array_interface__`` objects without a ``reshape``."""
     if isinstance(x, np.ndarray):
         return x.reshape(shape)
     return _dispatch.ensure_cuda().as_cuda_array(x).reshape(shape) \
@@ -454,12 +456,14 @@ def _linear_rule(ctx, grad):
     gx = matmul(gz, weight)
     if _shp(gx) != _shp(x):
         gx = _reshape(gx, x.shape)
-    x2 = _rows(x)
-    x2 = x2 if x2 is not None else _reshape(np.ascontiguousarray(x) if isinstance(x, np.ndarray)
-                                            else x, (-1, _shp(x)[-1]))
-    gz2 = _reshape(gz, (-1, _shp(gz)[-1])) if gz.ndim != 2 else gz
-    gw = matmul(_swap(gz2), x2)
-    gb = None if bias is None else _column_sums(gz2)
+    x2, gz2 = _rows(x), _rows(gz)
+    if x2 is not None and gz2 is not None:
+        gw = matmul(_swap(gz2), x2)  # all rows in one product
+    else:  # leading axes that do not merge: one product per batch, summed
+        gw = _sum_to(matmul(_swap(gz), x), _shp(weight))
+    gb = None
+    if bias is not None:
+        gb = _column_sums(gz2) if gz2 is not None else _sum_to(gz, _shp(bias))
     return gx, gw, gb, None, None, None
 
 

@@ -395,3 +395,17 @@ def test_cuda_linear_and_backward():
     np.testing.assert_allclose(gx, gz @ w, atol=1e-12)
     np.testing.assert_allclose(gw, gz.T @ x, atol=1e-12)
     np.testing.assert_allclose(gb, gz.sum(0), atol=1e-12)
+
+
+def test_linear_backward_unmergeable_rows(small_blocks):
+    # x's leading axes cannot be seen as one row axis: per-batch products, summed
+    rng = np.random.default_rng(18)
+    x = rand(rng, (4, 6, 5)).transpose(1, 0, 2)[:, ::2]     # (6, 2, 5), strided
+    w, bias = rand(rng, (3, 5)), rand(rng, 3)
+    out, ctx = run_rule(nbops.linear, [x, w, bias, None, None, "auto"],
+                        ["x", "weight", "bias", "activation", "out", "impl"])
+    g = rand(rng, out.shape)
+    gx, gw, gb = nbops.linear.backward(ctx, g)[:3]
+    np.testing.assert_allclose(gx, g @ w, atol=1e-12)
+    np.testing.assert_allclose(gw, np.einsum("abo,abi->oi", g, x), atol=1e-12)
+    np.testing.assert_allclose(gb, g.sum((0, 1)), atol=1e-12)
