@@ -86,6 +86,9 @@ def test_load_state_dict_from_exported_arrays_and_npz(tmp_path):
     for k, v in dst.state_dict().items():
         assert v.dtype == np.float32
         np.testing.assert_array_equal(v, src.state_dict()[k])
+    other = mlp()
+    other.load_state_dict(src.state_dict())
+    assert other[0].weight.data is not src[0].weight.data      # copied, not shared
     path = tmp_path / "weights.npz"
     src.save(path)
     fresh = mlp()

@@ -176,11 +176,12 @@ class Module:
             if tuple(host.shape) != p.shape:
                 raise ValueError(f"load_state_dict: '{k}' has shape {tuple(host.shape)}, the "
                                  f"parameter has shape {p.shape}")
-            host = np.ascontiguousarray(host, dtype=p.dtype)
+            # always a copy: a model must not share memory with the dict it loaded
+            host = np.array(host, dtype=p.dtype, order="C", copy=True)
             staged.append((p, host if p.device == _dispatch.CPU else _dispatch.to_device(host)))
         with no_grad():
             for p, value in staged:
-                p.data = value if value is not p.data else value.copy()
+                p.data = value
         return missing, unexpected
 
     def save(self, path):
