@@ -1,0 +1,499 @@
+"""Tests of ``nbops.cpu._approx``: accuracy in ulps over the whole range of
+float32 and float64, IEEE special values, signed zeros, overflow/underflow
+thresholds, vectorization (no libm call in the loop) and on-disk caching.
+
+References: float32 results are compared with float64 NumPy/SciPy values
+(errors of ~1e-16 are invisible at float32's 6e-8). float64 results are
+compared with 64-bit-mantissa (x86 long double) values: ``np.exp`` & co. on
+``np.longdouble``, and for erf/erfc the functions below (a positive-term
+series and the Matta-Reichel formula, 6e-19 relative error, checked against
+mpmath by ``test_reference_erf_erfc`` where mpmath is installed).
+"""
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import scipy.special as sp
+from numba import njit, prange
+from numba.core.errors import TypingError
+
+from nbops.cpu import _approx
+from nbops.cpu._approx import erf, erfc, exp, expm1, log1p, tanh
+
+NAMES = ["exp", "expm1", "log1p", "erf", "erfc", "tanh"]
+FASTMATH = {"contract", "nsz", "arcp", "afn"}
+
+# Max error in ulps the module documents (and these tests enforce), per dtype.
+BOUND = {
+    np.float32: {"exp": 1.0, "expm1": 1.5, "log1p": 1.5, "erf": 1.5, "erfc": 3.5, "tanh": 2.5},
+    np.float64: {"exp": 1.0, "expm1": 2.0, "log1p": 1.5, "erf": 1.5, "erfc": 3.5, "tanh": 2.5},
+}
+
+LD = np.longdouble
+LD_OK = np.finfo(LD).nmant >= 63          # x86 80-bit long double
+
+
+@njit(cache=True, fastmath=FASTMATH)
+def _eval(fid, x, out):
+    # one compiled function for all six (compile time); the loops vectorize
+    # like the prange loops of real kernels (asserted in test_vectorized)
+    n = x.size
+    if fid == 0:
+        for i in range(n):
+            out[i] = exp(x[i])
+    elif fid == 1:
+        for i in range(n):
+            out[i] = expm1(x[i])
+    elif fid == 2:
+        for i in range(n):
+            out[i] = log1p(x[i])
+    elif fid == 3:
+        for i in range(n):
+            out[i] = erf(x[i])
+    elif fid == 4:
+        for i in range(n):
+            out[i] = erfc(x[i])
+    else:
+        for i in range(n):
+            out[i] = tanh(x[i])
+
+
+def run(name, x):
+    x = np.ascontiguousarray(x)
+    out = np.empty_like(x)
+    _eval(NAMES.index(name), x, out)
+    return out
+
+
+# --- references ----------------------------------------------------------------
+
+_SQRTPI = LD("1.772453850905516027298167483341145182798")
+_PI = LD("3.141592653589793238462643383279502884197")
+
+
+def _exp_minus_square(x):
+    """exp(-x^2) in long double with x^2 carried exactly (x float64)."""
+    hi = (x.view(np.int64) & ~np.int64((1 << 27) - 1)).view(np.float64)
+    hi, lo = hi.astype(LD), (x - hi).astype(LD)
+    return np.exp(-hi * hi) * np.exp(-(2 * hi * lo + lo * lo))
+
+
+def _erf_series(x):
+    # erf(x) = 2/sqrt(pi) x exp(-x^2) sum (2x^2)^n / (1*3*...*(2n+1)):
+    # positive terms, no cancellation; for |x| <= 2
+    xl = x.astype(LD)
+    t2 = 2 * xl * xl
+    a = np.ones_like(xl)
+    s = np.ones_like(xl)
+    for n in range(1, 300):
+        a = a * t2 / (2 * n + 1)
+        s = s + a
+        if np.all(a <= s * LD(1e-22)):
+            break
+    return 2 / _SQRTPI * xl * _exp_minus_square(x) * s
+
+
+_H = LD("0.1")
+_MR = [(np.exp(-(n * _H) ** 2), (n * _H) ** 2) for n in range(1, 80)]
+
+
+def _erfc_mr(x):
+    # Matta-Reichel: erfc(x) = 2xh/pi exp(-x^2) (1/(2x^2) + sum_n
+    # exp(-n^2h^2)/(n^2h^2 + x^2)) + 2/(1 - exp(2 pi x/h)), error ~exp(-pi^2/h^2)
+    xl = x.astype(LD)
+    x2 = xl * xl
+    s = 1 / (2 * x2)
+    for c, nh2 in _MR:
+        s = s + c / (nh2 + x2)
+    with np.errstate(over="ignore"):
+        corr = 2 / (1 - np.exp(2 * _PI * xl / _H))
+    return 2 * xl * _H / _PI * _exp_minus_square(x) * s + corr
+
+
+def erf_ref64(x):
+    x = np.asarray(x, np.float64)
+    a = np.abs(x)
+    out = np.empty(x.shape, LD)
+    small = a <= 2
+    out[small] = _erf_series(x[small])
+    big = ~small
+    out[big] = np.copysign(1 - _erfc_mr(np.minimum(a[big], 30.0)), x[big])
+    return out
+
+
+def erfc_ref64(x):
+    x = np.asarray(x, np.float64)
+    a = np.abs(x)
+    out = np.empty(x.shape, LD)
+    small = a < 0.5
+    out[small] = 1 - _erf_series(x[small])
+    big = ~small
+    # past 40 the result underflows to 0 (and the formula would overflow)
+    r = _erfc_mr(np.minimum(a[big], 40.0))
+    out[big] = np.where(x[big] < 0, 2 - r, r)
+    return out
+
+
+def ref(name, x):
+    """Reference values: float64 for float32 x, long double for float64 x."""
+    if x.dtype == np.float32:
+        xd = x.astype(np.float64)
+        f = {"exp": np.exp, "expm1": np.expm1, "log1p": np.log1p, "erf": sp.erf,
+             "erfc": sp.erfc, "tanh": np.tanh}[name]
+        with np.errstate(all="ignore"):
+            return f(xd)
+    if name == "erf":
+        return erf_ref64(x)
+    if name == "erfc":
+        return erfc_ref64(x)
+    with np.errstate(all="ignore"):
+        return getattr(np, name)(x.astype(LD))
+
+
+def ulp_errors(y, r, dtype):
+    """|y - r| in ulps of the reference r at dtype's precision (subnormal
+    ulps below the normal range). Where r rounds to a non-finite dtype value,
+    0 if y is exactly that value, else inf."""
+    with np.errstate(over="ignore"):
+        rd = r.astype(dtype)
+    a = np.abs(rd)
+    # ulp of r: the spacing at |rd|, halved where r rounded up to a power of two
+    ulp = np.spacing(a)
+    ity = np.int32 if dtype == np.float32 else np.int64
+    mant = a.view(ity) & ity((1 << np.finfo(dtype).nmant) - 1)
+    below = (mant == 0) & (np.abs(r) < a) & (a > np.finfo(dtype).tiny)
+    ulp = np.where(below, ulp / 2, ulp).astype(r.dtype)
+    with np.errstate(invalid="ignore"):
+        err = np.abs(y.astype(r.dtype) - r) / ulp
+    special = ~np.isfinite(rd)
+    same = (y == rd) | (np.isnan(y) & np.isnan(rd))
+    err = np.where(special, np.where(same, 0.0, np.inf), err)
+    return np.where(np.isnan(err), np.inf, err)
+
+
+def check(name, x, bound=None):
+    dtype = x.dtype.type
+    bound = BOUND[dtype][name] if bound is None else bound
+    y = run(name, x)
+    err = ulp_errors(y, ref(name, x), dtype)
+    i = int(np.argmax(err))
+    assert err[i] <= bound, (
+        f"{name}[{np.dtype(dtype).name}]: {err[i]:.3f} ulp > {bound} at x={x[i]!r}: "
+        f"got {y[i]!r}, expected {ref(name, x[i:i + 1])[0]!r}")
+    return float(err[i])
+
+
+# --- float32: dense sweeps -----------------------------------------------------------
+
+def f32_range(lo, hi, count):
+    """About ``count`` float32 values in [lo, hi], evenly spaced in bit
+    pattern (so equally dense in every binade, subnormals included)."""
+    def bits(v):
+        return int(np.float32(v).view(np.int32))
+    segs = []
+    if hi > 0:
+        segs.append((bits(max(lo, 0.0)), bits(hi), 1))
+    if lo < 0:
+        segs.append((bits(max(-hi, 0.0)), bits(-lo), -1))
+    total = sum(b - a for a, b, _ in segs)
+    step = max(1, total // count)
+    step += 1 - step % 2           # odd: every low-bit pattern of the mantissa occurs
+    parts = [sign * np.arange(a, b + 1, step, dtype=np.int64).astype(np.int32).view(np.float32)
+             for a, b, sign in segs]
+    return np.concatenate(parts)
+
+
+def f32_binade(lo):
+    """Every float32 in [lo, 2*lo) (lo a power of two)."""
+    ia = np.float32(lo).view(np.int32)
+    return np.arange(ia, ia + (1 << 23), dtype=np.int32).view(np.float32)
+
+
+SWEEPS32 = {
+    "exp": (-105.0, 90.0),
+    "expm1": (-40.0, 90.0),
+    "log1p": (-1.0, 3.4e38),
+    "erf": (-6.0, 6.0),
+    "erfc": (-6.0, 11.0),
+    "tanh": (-12.0, 12.0),
+}
+
+# where the largest errors sit: every float32 of these binades is checked
+BINADES32 = {
+    "exp": [0.25, -64.0],
+    "expm1": [0.25, 16.0],
+    "log1p": [0.25, -0.5],
+    "erf": [0.5, 2.0],
+    "erfc": [0.5, 4.0, 8.0],
+    "tanh": [0.125, 0.5],
+}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_float32_dense(name):
+    lo, hi = SWEEPS32[name]
+    check(name, f32_range(lo, hi, 3_000_000))
+    for b in BINADES32[name]:
+        x = f32_binade(abs(b))
+        check(name, x if b > 0 else -x)
+    # and far outside the interesting range: every binade, both signs
+    check(name, f32_range(-3.4e38, 3.4e38, 200_000))
+
+
+# --- float64: random samples -------------------------------------------------------
+
+DOMAINS64 = {
+    "exp": (-750.0, 712.0),
+    "expm1": (-60.0, 712.0),
+    "log1p": (-1.0, 1e308),
+    "erf": (-7.0, 7.0),
+    "erfc": (-7.0, 28.0),
+    "tanh": (-25.0, 25.0),
+}
+
+
+def f64_samples(lo, hi, n, seed):
+    """Log-uniform magnitudes from 1e-300 up to the domain's ends plus
+    uniform samples across the domain, clipped to [lo, hi]."""
+    rng = np.random.default_rng(seed)
+    m = rng.uniform(np.log2(1e-300), np.log2(max(abs(lo), abs(hi))), n)
+    x = np.ldexp(rng.uniform(1, 2, n), np.floor(m).astype(int))
+    x = np.where(rng.random(n) < 0.5, -x, x)
+    x = np.concatenate([x, 2 * rng.uniform(lo / 2, hi / 2, n)])
+    return x[(x >= lo) & (x <= hi)]
+
+
+@pytest.mark.skipif(not LD_OK, reason="needs x86 80-bit long double for the float64 references")
+@pytest.mark.parametrize("name", NAMES)
+def test_float64_random(name):
+    lo, hi = DOMAINS64[name]
+    check(name, f64_samples(lo, hi, 150_000, NAMES.index(name)))
+    # beyond the domain (saturation, overflow, NaN for log1p)
+    check(name, f64_samples(-1e308, 1e308, 5_000, 100 + NAMES.index(name)))
+
+
+def test_reference_erf_erfc():
+    mp = pytest.importorskip("mpmath")
+    if not LD_OK:
+        pytest.skip("needs x86 80-bit long double")
+    mp.mp.dps = 40
+    x = np.concatenate([np.linspace(-6, 6, 97), np.geomspace(1e-300, 1, 20),
+                        np.linspace(0.45, 27.2, 61)])
+    for f, fr in ((erf_ref64, mp.erf), (erfc_ref64, mp.erfc)):
+        got = f(x)
+        for xi, gi in zip(x, got):
+            want = fr(mp.mpf(float(xi)))
+            assert abs(mp.mpf(str(gi)) - want) <= abs(want) * mp.mpf("2e-18"), (f.__name__, xi)
+
+
+# --- special values, signed zeros, thresholds ------------------------------------
+
+INF, NAN = np.inf, np.nan
+SPECIAL = {
+    # name: [(x, expected)]; compared bit for bit (any NaN matches NaN)
+    "exp": [(0.0, 1.0), (-0.0, 1.0), (INF, INF), (-INF, 0.0), (NAN, NAN), (-NAN, NAN),
+            (1000.0, INF), (-1000.0, 0.0), (1e30, INF), (-1e30, 0.0)],
+    "expm1": [(0.0, 0.0), (-0.0, -0.0), (INF, INF), (-INF, -1.0), (NAN, NAN),
+              (1000.0, INF), (-1000.0, -1.0), (1e-40, 1e-40), (-1e-40, -1e-40)],
+    "log1p": [(0.0, 0.0), (-0.0, -0.0), (-1.0, -INF), (-1.5, NAN), (-INF, NAN), (INF, INF),
+              (NAN, NAN), (-2.0, NAN), (1e-40, 1e-40), (-1e-40, -1e-40)],
+    "erf": [(0.0, 0.0), (-0.0, -0.0), (INF, 1.0), (-INF, -1.0), (NAN, NAN), (10.0, 1.0),
+            (-10.0, -1.0), (1e-40, None), (-1e-40, None)],
+    "erfc": [(0.0, 1.0), (-0.0, 1.0), (INF, 0.0), (-INF, 2.0), (NAN, NAN), (30.0, 0.0),
+             (-30.0, 2.0), (1e30, 0.0), (-1e30, 2.0)],
+    "tanh": [(0.0, 0.0), (-0.0, -0.0), (INF, 1.0), (-INF, -1.0), (NAN, NAN), (30.0, 1.0),
+             (-30.0, -1.0), (1e-40, 1e-40), (-1e-40, -1e-40)],
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", NAMES)
+def test_special_values(name, dtype):
+    cases = SPECIAL[name]
+    x = np.array([c[0] for c in cases], dtype)
+    want = np.array([np.nan if c[1] is None else c[1] for c in cases], dtype)
+    got = run(name, x)
+    known = np.array([c[1] is not None for c in cases])
+    for xi, gi, wi, k in zip(x, got, want, known):
+        if not k:
+            continue
+        if np.isnan(wi):
+            assert np.isnan(gi), (name, xi, gi)
+        else:
+            assert gi.tobytes() == wi.tobytes(), (name, xi, gi, wi)
+    # odd functions stay odd to the bit, and keep the sign of tiny arguments
+    if name in ("erf", "tanh", "expm1", "log1p"):
+        tiny = np.array([np.finfo(dtype).smallest_subnormal, np.finfo(dtype).tiny], dtype)
+        for v in (tiny, -tiny):
+            assert np.all(np.signbit(run(name, v)) == np.signbit(v)), (name, v)
+    if name in ("erf", "tanh"):
+        x = f32_range(-8, 8, 20_001).astype(dtype)
+        np.testing.assert_array_equal(run(name, -x), -run(name, x))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", ["exp", "expm1"])
+def test_overflow_threshold(name, dtype):
+    # the last finite result and the first inf are where the correctly
+    # rounded function puts them
+    t = np.log(np.finfo(dtype).max)
+    base = np.array([t], dtype).view(np.int32 if dtype == np.float32 else np.int64)[0]
+    bits = base + np.arange(-3000, 3000, dtype=base.dtype)
+    x = bits.view(dtype)
+    r = ref(name, x).astype(dtype) if dtype == np.float64 else \
+        np.exp(x.astype(np.float64)).astype(dtype)
+    y = run(name, x)
+    np.testing.assert_array_equal(np.isinf(y), np.isinf(r))
+    assert np.isinf(y).any() and not np.isinf(y).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", ["exp", "erfc"])
+def test_gradual_underflow(name, dtype):
+    # results all through the subnormal range to 0, each within 1 (exp) or 2
+    # (erfc) subnormal ulps of the reference, and exactly 0 beyond
+    fi = np.finfo(dtype)
+    lo_res = float(fi.smallest_subnormal) / 2
+    if name == "exp":
+        a, b = np.log(float(fi.smallest_subnormal)) - 2, np.log(float(fi.tiny)) + 1
+    else:
+        a, b = 8.5 if dtype == np.float32 else 25.5, 10.2 if dtype == np.float32 else 27.4
+    x = np.linspace(a, b, 200_001).astype(dtype)
+    y = run(name, x)
+    r = ref(name, x)
+    sub = np.abs(r) < float(fi.tiny)
+    assert sub.sum() > 1000
+    err = np.abs(y[sub].astype(r.dtype) - r[sub]) / float(fi.smallest_subnormal)
+    assert err.max() <= (1.0 if name == "exp" else 2.0)
+    assert np.all(y[np.abs(r) < lo_res / 2] == 0)
+    assert np.any((y > 0) & (y < fi.tiny))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_nan_payloads_and_signs(dtype):
+    # NaN with every kind of payload (quiet, signalling, negative) stays NaN:
+    # the clamps are written as selects that NaN falls through
+    ity = np.int32 if dtype == np.float32 else np.int64
+    if dtype == np.float32:
+        pats = [0x7FC00000, 0x7F800001, 0x7FBFFFFF, 0xFFC00000, 0xFF800001, 0x7FFFFFFF]
+    else:
+        pats = [0x7FF8000000000000, 0x7FF0000000000001, 0x7FF7FFFFFFFFFFFF,
+                0xFFF8000000000000, 0xFFF0000000000001, 0x7FFFFFFFFFFFFFFF]
+    x = np.array(pats, dtype=np.uint64 if ity == np.int64 else np.uint32).view(dtype)
+    assert np.isnan(x).all()
+    for name in NAMES:
+        assert np.isnan(run(name, x)).all(), name
+
+
+# --- types, Python fallback, compilation -------------------------------------------
+
+@pytest.mark.parametrize("name", NAMES)
+def test_types(name):
+    f = getattr(_approx, name)
+
+    @njit
+    def call(x):
+        return f(x)
+
+    assert isinstance(call(np.float32(0.5)), np.float32) or \
+        call.nopython_signatures[-1].return_type.bitwidth == 32
+    assert call.nopython_signatures[-1].return_type == call.nopython_signatures[-1].args[0]
+    call(0.5)
+    assert str(call.nopython_signatures[-1].return_type) == "float64"
+    with pytest.raises(TypingError):
+        call(1)
+    with pytest.raises(TypingError):
+        call(1j)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_python_fallback(name):
+    # un-jitted (CUDA simulator, debugging): math under IEEE conventions,
+    # the argument's type kept, no exceptions
+    f = getattr(_approx, name)
+    x32 = np.float32(0.3)
+    assert isinstance(f(x32), np.float32)
+    assert isinstance(f(0.3), float)
+    assert abs(f(0.3) - float(ref(name, np.array([0.3]))[0])) <= 1e-15
+    for x, want in SPECIAL[name]:
+        if want is None:
+            continue
+        got = f(x)
+        if np.isnan(want):
+            assert np.isnan(got)
+        else:
+            assert got == want and np.signbit(got) == np.signbit(want), (x, got, want)
+
+
+def _gufunc_asm(kernel):
+    """The assembly of the function holding a prange kernel's loop."""
+    asm = kernel.inspect_asm(kernel.signatures[0])
+    bodies = []
+    for m in re.finditer(r"^\s*\.type\s+([^,\s]+),@function", asm, re.M):
+        fname = m.group(1)
+        if "parfor_gufunc" in fname and not fname.startswith("__gufunc__"):
+            start = asm.index("\n" + fname + ":", m.end())
+            bodies.append(asm[start:asm.index(".Lfunc_end", start)])
+    assert bodies, "no parfor gufunc in the assembly"
+    return "\n".join(bodies)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_vectorized(dtype):
+    # A prange kernel over all six functions, compiled fresh: its loop body
+    # must contain packed (ymm/zmm) FMAs and no call at all (no libm).
+    @njit(parallel=True, fastmath=FASTMATH, cache=False)
+    def kernel(x, out):
+        for i in prange(x.size):
+            v = x[i]
+            out[i] = exp(v) + expm1(v) + log1p(v) + erf(v) + erfc(v) + tanh(v)
+
+    x = np.linspace(0, 1, 64).astype(dtype)
+    kernel(x, np.empty_like(x))
+    body = _gufunc_asm(kernel)
+    suffix = "ps" if dtype == np.float32 else "pd"
+    packed = re.findall(rf"vfn?m(?:add|sub)\d+{suffix}\s+[^\n]*%[yz]mm", body)
+    assert len(packed) >= 40, len(packed)
+    assert re.search(rf"vdiv{suffix}\s+[^\n]*%[yz]mm", body)
+    calls = re.findall(r"^\s*call\w*\s+(.*)$", body, re.M)
+    assert not calls, calls
+
+
+def test_cache_reused_in_second_process(tmp_path):
+    # a cache=True kernel using the functions is written to disk by one
+    # process and loaded, not recompiled, by the next
+    mod = tmp_path / "approx_cache_user.py"
+    mod.write_text(textwrap.dedent("""
+        import numpy as np
+        from numba import njit
+        from nbops.cpu._approx import exp, erf
+
+        @njit(cache=True, fastmath={"contract", "nsz", "arcp", "afn"})
+        def kernel(x, out):
+            for i in range(x.size):
+                out[i] = exp(-abs(x[i])) + erf(x[i])
+
+        x = np.linspace(-3, 3, 1001).astype(np.float32)
+        out = np.empty_like(x)
+        kernel(x, out)
+        want = np.exp(-np.abs(x.astype(np.float64))) + [math.erf(v) for v in x.tolist()]
+        assert np.abs(out - want).max() < 1e-6
+        print("hits", sum(kernel.stats.cache_hits.values()),
+              "misses", sum(kernel.stats.cache_misses.values()))
+    """).replace("import numpy as np", "import math\nimport numpy as np", 1))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(_approx.__file__)))
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join([os.path.dirname(root), str(tmp_path)]))
+    outs = []
+    for _ in range(2):
+        p = subprocess.run([sys.executable, "-c", "import approx_cache_user"],
+                           env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        outs.append(p.stdout.split())
+    assert outs[0][1] == "0", outs      # first process: compiled
+    assert outs[1][1] != "0", outs      # second: loaded from the cache
