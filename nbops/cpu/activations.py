@@ -1,8 +1,9 @@
 """CPU kernels of the activations, generated from :mod:`nbops._formulas`.
 
-Every activation gets four kernels: forward and backward, each in a flat form
+Every activation gets kernels for forward and backward, each in a flat form
 (C-contiguous arrays as 1-D, one ``prange`` over elements: LLVM vectorizes it
-at memory speed) and a 2-D strided form for views (``prange`` over rows).
+at memory speed; plus a serial twin for small arrays) and a 2-D strided form
+for views (``prange`` over rows).
 They differ only in the scalar formula, so one generator builds them all.
 
 Launchers, one per operator, have the signature ``name(x, out, p, c)`` for
@@ -14,7 +15,7 @@ from numba import prange
 from numba.extending import register_jitable
 
 from .. import _formulas, _layout
-from .._jit import FASTMATH_REDUCE, cpu_kernel
+from .._jit import FASTMATH_REDUCE, cpu_kernel, serial_and_parallel
 
 __all__ = list(_formulas.FORWARD + _formulas.BACKWARD) + ["swish_backward_beta"]
 
@@ -29,7 +30,7 @@ def _unary_kernels(name, f):
             for j in range(x.shape[1]):
                 out[r, j] = f(x[r, j], p, c)
 
-    return _named(flat, name + "_flat"), _named(strided, name + "_2d")
+    return (*serial_and_parallel(flat, name + "_flat"), _named(strided, name + "_2d"))
 
 
 def _binary_kernels(name, f):
@@ -42,7 +43,7 @@ def _binary_kernels(name, f):
             for j in range(a.shape[1]):
                 out[r, j] = f(a[r, j], b[r, j], p, c)
 
-    return _named(flat, name + "_flat"), _named(strided, name + "_2d")
+    return (*serial_and_parallel(flat, name + "_flat"), _named(strided, name + "_2d"))
 
 
 def _named(fn, name):
@@ -51,11 +52,17 @@ def _named(fn, name):
     return cpu_kernel(fn, parallel=True)
 
 
+#: Below this many elements a contiguous input runs on the calling thread:
+#: waking the thread pool costs more than the loop. See tools/serial_threshold.py.
+SERIAL_BELOW = 32768
+
+
 def _launcher(name, kernels):
-    flat, strided = kernels
+    serial, parallel, strided = kernels
 
     def launch(*args):
         *inputs, out, p, c = args
+        flat = serial if out.size < SERIAL_BELOW else parallel
         return _layout.elementwise(inputs, out, lambda ins, o: flat(*ins, o, p, c),
                                    lambda ins, o: strided(*ins, o, p, c))
 
