@@ -12,9 +12,11 @@ scratch tile.
 
 The micro-kernel is generated source: MR * NR scalar accumulators, all
 indices compile-time constants, so that the SLP vectorizer (switched on by
-``cpu_kernel``) turns each row of accumulators into a vector register and
-each ``acc += a * b`` (fastmath ``contract``, no ``reassoc``) into a
-broadcast FMA. ``tools/bench_gemm.py --asm`` prints the instruction mix.
+``cpu_kernel``) turns each row of accumulators into 512-bit registers (the
+function asks for that width, see ``_prefer_wide_vectors``) and each
+``acc += a * b`` (fastmath ``contract``, no ``reassoc``) into an FMA: per k
+step 2 (float32 8x32) vector loads of B, 8 broadcasts of A and 16
+``vfmadd231ps zmm``, no spills. ``tools/bench_gemm.py --asm`` prints the mix.
 
 Operands arrive as flat buffers plus element strides and per-batch element
 offsets (``offa[b]``, ``offb[b]``): one compiled signature per dtype covers
