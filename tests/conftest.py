@@ -15,6 +15,9 @@ def _has_gpu():
 
 if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _has_gpu():
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+# Tests use the documented default GEMM configs: no timing runs, no writes
+# to the user's autotune cache (tests of the autotuner turn it on themselves).
+os.environ.setdefault("NBOPS_AUTOTUNE", "0")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
