@@ -47,10 +47,10 @@ def _q(q, k, i):
     return q[k, i]
 
 
-def _named(fn, name, parallel=True):
+def _named(fn, name):
     # a unique qualname gives each generated kernel its own on-disk cache entry
     fn.__name__ = fn.__qualname__ = name
-    return cpu_kernel(fn, parallel=parallel, fastmath=_FASTMATH)
+    return cpu_kernel(fn, parallel=True, fastmath=_FASTMATH)
 
 
 def _rows(prm, j0, n):
@@ -101,7 +101,9 @@ def _forward_kernels(model):
         if keep_b:
             b_out[j0:j1] = sb
 
-    body = _named(chunk_body, f"{model}_forward_chunk", parallel=False)
+    # a plain (register_jitable) function, not a dispatcher: a dispatcher in
+    # a kernel's closure changes the on-disk cache key in every process
+    body = register_jitable(chunk_body)
 
     def chunked(x, a0, b0, prm, c, chunk, spk, a_out, b_out, keep_b, trace, with_trace):
         m = x.shape[1]
@@ -202,7 +204,7 @@ def _backward_kernel(model, surrogate):
         else:
             run(x, a0, b0, pb, c, sp, j0, n, gs, None, ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
 
-    body = _named(chunk_body, f"{model}_{surrogate}_backward_chunk", parallel=False)
+    body = register_jitable(chunk_body)
 
     def bwd(x, a0, b0, prm, c, sp, chunk, gs, gtrace, with_gtrace, ga_t, gb_t, gx, ga0, gb0,
             gbeta, gthr):
@@ -288,44 +290,59 @@ _rate_p = _lif.rate_probability
 _latency_t = _lif.latency_time
 
 
-@cpu_kernel(parallel=True, fastmath=_FASTMATH)
-def _rate(x, key, gain, poisson, chunk, out):
-    n_t, m = out.shape
-    for k in prange((m + chunk - 1) // chunk):
-        j0 = k * chunk
-        j1 = min(j0 + chunk, m)
-        p = np.empty(j1 - j0, np.float64)
-        for j in range(j0, j1):
-            p[j - j0] = _rate_p(x[j], gain, poisson)
-        for t in range(n_t):
+def _per_neuron_encoder(name, prepare, emit):
+    """A kernel that computes one value per neuron (a probability, a spike
+    step) into a chunk buffer, then writes every step's spikes from it."""
+
+    def kernel(x, key, a, b, flag, chunk, out):
+        n_t, m = out.shape
+        for k in prange((m + chunk - 1) // chunk):
+            j0 = k * chunk
+            j1 = min(j0 + chunk, m)
+            v = np.empty(j1 - j0, np.float64)
             for j in range(j0, j1):
-                out[t, j] = _uniform(key, t * m + j) < p[j - j0]
+                v[j - j0] = prepare(x[j], n_t, a, b, flag)
+            for t in range(n_t):
+                for j in range(j0, j1):
+                    out[t, j] = emit(v[j - j0], t, key, t * m + j)
+
+    return _named(kernel, name)
+
+
+def _rate_prepare(x, n_t, gain, unused, poisson):
+    return _rate_p(x, gain, poisson)
+
+
+def _rate_emit(p, t, key, index):
+    return _uniform(key, index) < p
+
+
+def _latency_prepare(x, n_t, tau, threshold, linear):
+    return np.float64(_latency_t(x, n_t, tau, threshold, linear))
+
+
+def _latency_emit(step, t, key, index):
+    return step == t
+
+
+for _f in (_rate_prepare, _rate_emit, _latency_prepare, _latency_emit):
+    register_jitable(_f)
+del _f
+_rate = _per_neuron_encoder("rate_encode", _rate_prepare, _rate_emit)
+_latency = _per_neuron_encoder("latency_encode", _latency_prepare, _latency_emit)
 
 
 def rate(x, key, gain, poisson, out):
     """Bernoulli spikes ``out[T, M]`` with probability from ``x[M]``."""
     if out.size:
-        _rate(x, key, gain, poisson, _chunk(out.shape[1]), out)
-
-
-@cpu_kernel(parallel=True, fastmath=_FASTMATH)
-def _latency(x, tau, threshold, linear, chunk, out):
-    n_t, m = out.shape
-    for k in prange((m + chunk - 1) // chunk):
-        j0 = k * chunk
-        j1 = min(j0 + chunk, m)
-        ts = np.empty(j1 - j0, np.int64)
-        for j in range(j0, j1):
-            ts[j - j0] = _latency_t(x[j], n_t, tau, threshold, linear)
-        for t in range(n_t):
-            for j in range(j0, j1):
-                out[t, j] = ts[j - j0] == t
+        _rate(x, key, gain, 0.0, poisson, _chunk(out.shape[1]), out)
 
 
 def latency(x, tau, threshold, linear, out):
     """One spike per neuron at the step :func:`.lif.latency_time` gives."""
     if out.size:
-        _latency(x, tau, threshold, linear, _chunk(out.shape[1]), out)
+        # latency draws nothing: a zero key keeps the shared kernel's signature
+        _latency(x, np.uint64(0), tau, threshold, linear, _chunk(out.shape[1]), out)
 
 
 @cpu_kernel(parallel=True, fastmath=_FASTMATH)
@@ -348,38 +365,51 @@ def delta(x, threshold, padding, off_spike, out):
         _delta(x, t(threshold), t(0), padding, off_spike, _chunk(x.shape[1]), out)
 
 
-@cpu_kernel(parallel=True, fastmath=_FASTMATH)
-def _count(spikes, chunk, out):
-    n_t, m = spikes.shape
-    for k in prange((m + chunk - 1) // chunk):
-        j0 = k * chunk
-        j1 = min(j0 + chunk, m)
-        for j in range(j0, j1):
-            out[j] = 0
-        for t in range(n_t):
+def _decoder(name, init, update):
+    """A kernel reducing ``spikes[T, M]`` over time into ``out[M]``:
+    ``out = init(T)``, then ``out = update(out, t, spikes[t], T)`` step by step."""
+
+    def kernel(spikes, chunk, out):
+        n_t, m = spikes.shape
+        for k in prange((m + chunk - 1) // chunk):
+            j0 = k * chunk
+            j1 = min(j0 + chunk, m)
             for j in range(j0, j1):
-                out[j] += spikes[t, j]
+                out[j] = init(n_t)
+            for t in range(n_t):
+                for j in range(j0, j1):
+                    out[j] = update(out[j], t, spikes[t, j], n_t)
+
+    return _named(kernel, name)
+
+
+def _zero(n_t):
+    return 0
+
+
+def _add(acc, t, s, n_t):
+    return acc + s
+
+
+def _never(n_t):
+    return n_t
+
+
+def _first_step(acc, t, s, n_t):
+    return t if (s != 0 and acc == n_t) else acc
+
+
+for _f in (_zero, _add, _never, _first_step):
+    register_jitable(_f)
+del _f
+_count = _decoder("spike_count", _zero, _add)
+_first = _decoder("first_spike", _never, _first_step)
 
 
 def spike_count(spikes, out):
     """``out[M]`` = number of spikes of each neuron over ``spikes[T, M]``."""
     if out.size:
         _count(spikes, _chunk(spikes.shape[1]), out)
-
-
-@cpu_kernel(parallel=True, fastmath=_FASTMATH)
-def _first(spikes, chunk, out):
-    n_t, m = spikes.shape
-    for k in prange((m + chunk - 1) // chunk):
-        j0 = k * chunk
-        j1 = min(j0 + chunk, m)
-        for j in range(j0, j1):
-            out[j] = n_t
-        # reversed, so the earliest spike is the last one written
-        for i in range(n_t):
-            t = n_t - 1 - i
-            for j in range(j0, j1):
-                out[j] = t if spikes[t, j] != 0 else out[j]
 
 
 def first_spike_time(spikes, out):
