@@ -243,7 +243,8 @@ def forward(model, x, a0, b0, p, c, spk, a_out, b_out, trace, time_outer=False):
         return
     keep_b = b_out is not None
     if not keep_b:
-        b0 = b_out = np.zeros(m, x.dtype)
+        # untouched by the chunked kernel: no per-call allocation of [M]
+        b0 = b_out = np.zeros(m if time_outer else 1, x.dtype)
     # an absent trace is a dummy of the same type: one kernel signature
     tr = trace if trace is not None else np.empty((1, 1), x.dtype)
     kern = _forward_for(model)[1 if time_outer else 0]
