@@ -159,12 +159,7 @@ def gelu_backward(g, x, out):
     np.exp(out, out=out)
     out *= INV_SQRT_2PI
     out *= x
-    cdf = special.erf(x * INV_SQRT2)
-    cdf += 1
-    cdf *= 0.5
-    out += cdf
-    out *= g
-    return out
+    return _gelu_grad_tail(g, special.erf(x * INV_SQRT2), out)
 
 
 def gelu_tanh_backward(g, x, out):
@@ -176,9 +171,15 @@ def gelu_tanh_backward(g, x, out):
     out *= x
     out *= 0.5 * GELU_K
     out *= 1 + 3 * GELU_A * x2
-    t += 1
-    t *= 0.5
-    out += t
+    return _gelu_grad_tail(g, t, out)
+
+
+def _gelu_grad_tail(g, f, out):
+    """out = g (0.5 (1 + f) + out), with f (erf or tanh, a temporary) reused;
+    the common end of both GELU gradients."""
+    f += 1
+    f *= 0.5
+    out += f
     out *= g
     return out
 
