@@ -3,6 +3,7 @@
 ``cpu_kernel`` is ``numba.njit`` with the project's settings:
 
 * ``cache=True`` and ``nogil=True`` always;
+* ``error_model="numpy"``: IEEE division, no ZeroDivisionError;
 * a fastmath flag set that keeps IEEE special values: ``contract`` (FMA),
   ``nsz``, ``arcp`` and ``afn``, but never ``nnan``/``ninf`` (they fold
   ``isnan`` to False and let NaN inputs vanish) nor, by default,
@@ -49,6 +50,10 @@ def cpu_kernel(fn=None, *, parallel=False, fastmath=FASTMATH, slp=True, **option
     Usable bare (``@cpu_kernel``) or with options
     (``@cpu_kernel(parallel=True)``); extra options go to ``numba.njit``.
     """
+
+    # IEEE division (x / 0 is inf or nan, as in NumPy) rather than Python's
+    # ZeroDivisionError, whose per-division test also gets in the vectorizer's way
+    options.setdefault("error_model", "numpy")
 
     def deco(f):
         disp = njit(cache=True, nogil=True, parallel=parallel,
