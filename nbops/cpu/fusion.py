@@ -35,7 +35,7 @@ from .. import _formulas
 from . import _approx
 from . import activations as _activations  # noqa: F401  (registers the formulas)
 
-__all__ = ["run", "source_module"]
+__all__ = ["run"]
 
 exp = _approx.exp
 tanh = _approx.tanh

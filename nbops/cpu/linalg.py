@@ -48,7 +48,9 @@ from .. import _formulas
 from .._jit import cpu_kernel
 from . import activations as _activations  # noqa: F401  (makes the formulas jittable)
 
-__all__ = ["gemm", "gemm_blas", "epilogue_source", "EPILOGUES", "TILES"]
+__all__ = ["gemm", "gemm_blas"]
+#: Entry points with no CUDA twin: the BLAS route exists on the CPU only.
+CPU_ONLY = ("gemm_blas",)
 
 #: Activation names the epilogue knows, in code order (code 0 is "none").
 EPILOGUES = ("none",) + _formulas.FORWARD

@@ -25,7 +25,7 @@ from ..cpu.linalg import epilogue_source, generated
 from ._launch import SIMULATED
 from .activations import _DEVICE
 
-__all__ = ["gemm", "BM", "BN", "BK", "RM", "RN"]
+__all__ = ["gemm"]
 
 #: Tile sizes. The simulator runs one OS thread per CUDA thread: tiny
 #: tiles there (and tests cross their edges with small matrices).
