@@ -32,7 +32,7 @@ __all__ = [
     "softplus_backward", "elu_backward", "hardswish_backward",
 ]
 
-for _k in _formulas.FORWARD + _formulas.BACKWARD + ("swish_backward_beta",):
+for _k in _formulas.FORWARD + _formulas.BACKWARD + ("swish_backward_both",):
     _dispatch.register_kernel(_k, _dispatch.CPU, f"nbops.cpu.activations:{_k}")
     _dispatch.register_kernel(_k, _dispatch.CUDA, f"nbops.cuda.activations:{_k}")
 del _k
@@ -56,6 +56,11 @@ def _run_unary(op, kernel_name, x, out, p0=0.0, p1=0.0):
 
 
 def _run_backward(op, kernel_name, grad_output, saved, saved_name, out, p0=0.0, p1=0.0):
+    dev, out, p, c = _prepare_backward(op, grad_output, saved, saved_name, out, p0, p1)
+    return _dispatch.kernel(kernel_name, dev)(grad_output, saved, out, p, c)
+
+
+def _prepare_backward(op, grad_output, saved, saved_name, out, p0=0.0, p1=0.0):
     _checks.array(op, "grad_output", grad_output)
     _checks.array(op, saved_name, saved)
     _checks.same_dtype(op, grad_output=grad_output, **{saved_name: saved})
@@ -64,8 +69,7 @@ def _run_backward(op, kernel_name, grad_output, saved, saved_name, out, p0=0.0, 
     out = _checks.output(op, out, saved.shape, saved.dtype, dev,
                          {"grad_output": grad_output, saved_name: saved},
                          allow_inplace=("grad_output", saved_name))
-    return _dispatch.kernel(kernel_name, dev)(
-        grad_output, saved, out, _formulas.params(saved.dtype, p0, p1), _consts(saved.dtype))
+    return dev, out, _formulas.params(saved.dtype, p0, p1), _consts(saved.dtype)
 
 
 def _scalar_value(op, name, value, **limits):
@@ -311,11 +315,10 @@ def swish_backward(grad_output, x, beta=1.0, out=None):
     >>> gx, gb = nbops.swish_backward(np.ones(3), np.array([-1.0, 0.0, 2.0]), beta=1.5)
     """
     b = _scalar_value("swish_backward", "beta", beta)
-    gx = _run_backward("swish_backward", "swish_backward", grad_output, x, "x", out, b)
-    dev = _dispatch.resolve_device("swish_backward", x=x)
-    gb = _dispatch.kernel("swish_backward_beta", dev)(
-        grad_output, x, _formulas.params(x.dtype, b), _consts(x.dtype))
-    return gx, gb
+    dev, out, p, c = _prepare_backward("swish_backward", grad_output, x, "x", out, b)
+    # one pass over memory for both gradients
+    gb = _dispatch.kernel("swish_backward_both", dev)(grad_output, x, out, p, c)
+    return out, gb
 
 
 @operator("softplus_backward")

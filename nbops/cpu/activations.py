@@ -17,7 +17,7 @@ from numba.extending import register_jitable
 from .. import _formulas, _layout
 from .._jit import FASTMATH_REDUCE, cpu_kernel, serial_and_parallel
 
-__all__ = list(_formulas.FORWARD + _formulas.BACKWARD) + ["swish_backward_beta"]
+__all__ = list(_formulas.FORWARD + _formulas.BACKWARD) + ["swish_backward_both"]
 
 
 def _unary_kernels(name, f):
@@ -83,35 +83,41 @@ for _name in _formulas.BACKWARD:
     globals()[_name] = _launcher(_name, _binary_kernels(_name, getattr(_formulas, _name)))
 del _name, _f
 
+_swish_grad = _formulas.swish_backward
 _swish_beta = _formulas.swish_beta_term
 
 
-def swish_backward_beta(g, x, p, c):
-    """Sum over all elements of ``g * d swish(x, beta) / d beta``, as a float.
-
-    Accumulated in float64 (``reassoc`` lets the sum vectorize); strided
-    inputs are reduced block by block.
-    """
+def swish_backward_both(g, x, out, p, c):
+    """Write swish's gradient for x into ``out`` and return, as a float, the
+    sum over all elements of ``g * d swish(x, beta) / d beta``: one pass over
+    memory for both. The sum accumulates in float64 (``reassoc`` lets it
+    vectorize); strided inputs go block by block."""
     if x.size == 0:
         return 0.0
     if _layout.is_c_contiguous(g) and _layout.is_c_contiguous(x):
-        return _swish_beta_flat(g.reshape(-1), x.reshape(-1), p, c)
-    return sum(_swish_beta_2d(gv, xv, p, c)
-               for _, (gv, xv) in _layout.blocks_2d(x.shape, g, x))
+        return _swish_both_flat(g.reshape(-1), x.reshape(-1), out.reshape(-1), p, c)
+    total, out_flat = 0.0, out.reshape(-1)
+    for start, (gv, xv) in _layout.blocks_2d(x.shape, g, x):
+        rows, cols = gv.shape
+        total += _swish_both_2d(gv, xv, out_flat[start:start + rows * cols].reshape(rows, cols),
+                                p, c)
+    return total
 
 
 @cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
-def _swish_beta_flat(g, x, p, c):
+def _swish_both_flat(g, x, out, p, c):
     acc = 0.0
     for i in prange(x.size):
+        out[i] = _swish_grad(g[i], x[i], p, c)
         acc += _swish_beta(g[i], x[i], p, c)
     return acc
 
 
 @cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
-def _swish_beta_2d(g, x, p, c):
+def _swish_both_2d(g, x, out, p, c):
     acc = 0.0
     for r in prange(x.shape[0]):
         for j in range(x.shape[1]):
+            out[r, j] = _swish_grad(g[r, j], x[r, j], p, c)
             acc += _swish_beta(g[r, j], x[r, j], p, c)
     return acc

@@ -15,7 +15,7 @@ from numba import cuda
 from .. import _formulas, _layout
 from ._launch import grid_1d
 
-__all__ = list(_formulas.FORWARD + _formulas.BACKWARD) + ["swish_backward_beta"]
+__all__ = list(_formulas.FORWARD + _formulas.BACKWARD) + ["swish_backward_both"]
 
 
 def _device_functions():
@@ -90,7 +90,14 @@ del _name
 _swish_beta = _DEVICE["swish_beta_term"]
 
 
-def swish_backward_beta(g, x, p, c):
+def swish_backward_both(g, x, out, p, c):
+    """Write swish's gradient for x into ``out``; return the sum over all
+    elements of ``g * d swish(x, beta) / d beta`` as a float (two kernels)."""
+    swish_backward(g, x, out, p, c)  # noqa: F821  (generated above)
+    return _swish_backward_beta(g, x, p, c)
+
+
+def _swish_backward_beta(g, x, p, c):
     """Sum over all elements of ``g * d swish(x, beta) / d beta``, as a float.
 
     Each thread accumulates its grid-stride share in float64, then adds it to
