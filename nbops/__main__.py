@@ -1,4 +1,4 @@
-"""``python -m nbops`` (also the ``nbops`` script): info, bench and demo.
+"""``python -m nbops`` (also the ``nbops`` script): info, bench, demo, tune, warmup.
 
     python -m nbops info                       versions, CPU/SIMD, threads, CUDA, cache
     python -m nbops bench --quick --op gelu    nbops beside NumPy: time, GB/s, error
@@ -97,7 +97,7 @@ def _warmup(args):
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m nbops", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", metavar="{info,bench,demo,warmup}", required=True)
+    sub = p.add_subparsers(dest="command", metavar="{info,bench,demo,tune,warmup}", required=True)
 
     info = sub.add_parser("info", help="versions, CPU and SIMD features, threads, CUDA, cache")
     info.add_argument("--no-probe", action="store_true",
