@@ -307,8 +307,12 @@ def swish_backward(grad_output, x, beta=1.0, out=None):
     Returns ``(grad_x, grad_beta)``: ``grad_x`` an array like ``x`` (or
     ``out``), ``grad_beta`` a Python float, the sum over all elements of
     ``grad_output * x^2 * s (1 - s)`` with ``s = sigmoid(beta x)``,
-    accumulated in float64. Shapes and dtypes as :func:`silu_backward`;
-    raises TypeError/ValueError as it does, and for a non-finite ``beta``.
+    accumulated in float64. Shapes and dtypes as :func:`silu_backward`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`silu_backward` does, and for a non-finite ``beta``.
 
     Example
     -------
