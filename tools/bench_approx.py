@@ -6,11 +6,12 @@ Usage::
                                  [--functions exp,erf] [--libm]
 
 For each function and dtype, times ``out[i] = f(x[i])`` in a ``prange``
-kernel beside a plain parallel copy kernel, in the same run and interleaved
-(one repetition of every kernel per round, so that a background process
-slows all of them alike). Inputs are ``randn * 3`` (``|randn| * 3`` for
-log1p), outputs are preallocated. Prints medians, GB/s counting the bytes
-read and written once, and the fraction of the copy's bandwidth.
+kernel beside a plain parallel copy kernel, in the same run: each round runs
+the copy right before every function, so that the fraction of the copy's
+bandwidth is the median of paired ratios, robust to a background process
+and to the machine's state drifting between rounds. Inputs are
+``randn * 3`` (``|randn| * 3`` for log1p), outputs are preallocated. Prints
+medians, GB/s counting the bytes read and written once, and that fraction.
 ``--libm`` adds the same kernels calling :mod:`math` (scalar libm calls) for
 comparison. Figures move 10-20% between runs on a shared machine: compare the
 fractions, and rerun if the copy figure itself looks off.
@@ -83,20 +84,30 @@ def main(argv=None):
             k(a, out)                                  # compile and warm up
         compile_s = time.perf_counter() - t0
         times = {name: [] for name in kernels}
+        ratios = {name: [] for name in kernels}
+
+        def timed(k, a):
+            t = time.perf_counter()
+            k(a, out)
+            return time.perf_counter() - t
+
         for _ in range(args.repeats):
             for name, (k, a) in kernels.items():
-                t = time.perf_counter()
-                k(a, out)
-                times[name].append(time.perf_counter() - t)
+                if name == "copy":
+                    continue
+                tc = timed(copy, x)
+                tf = timed(k, a)
+                times["copy"].append(tc)
+                times[name].append(tf)
+                ratios[name].append(tc / tf)
         nbytes = 2 * x.nbytes
-        copy_bw = nbytes / np.median(times["copy"])
         print(f"\n{np.dtype(dtype).name}, {n} elements ({nbytes / 2**20:.0f} MiB moved), "
               f"compile+warm-up {compile_s:.1f} s")
         print(f"{'kernel':12s} {'median ms':>10s} {'GB/s':>7s} {'of copy':>8s}")
         for name, ts in times.items():
             m = float(np.median(ts))
-            bw = nbytes / m
-            print(f"{name:12s} {m * 1e3:10.2f} {bw / 1e9:7.1f} {bw / copy_bw:8.0%}")
+            frac = float(np.median(ratios[name])) if ratios[name] else 1.0
+            print(f"{name:12s} {m * 1e3:10.2f} {nbytes / m / 1e9:7.1f} {frac:8.0%}")
 
 
 if __name__ == "__main__":
