@@ -1,0 +1,562 @@
+"""Convolutions: ``conv1d`` and ``conv2d``, batch norm folding and the fused
+``conv_bn_relu`` / ``conv_bn`` / ``conv_relu``, on CPU and CUDA.
+
+Layouts are PyTorch's: input NCHW (NCL), weight (out_channels,
+in_channels / groups, kH, kW) ((out, in / groups, k)). Every variant is one
+kernel call ``out = act(conv(x, weight * wscale) + bias)`` with a
+per-output-channel weight scale and bias, which is how batch norm is
+folded: ``wscale = gamma / sqrt(var + eps)``, ``bias' = (bias - mean) *
+wscale + beta``; the scale is applied while the weights are packed and the
+bias and relu by the GEMM's epilogue, so the fused op writes its output
+once and reads nothing more than a plain convolution.
+
+CPU algorithms (:mod:`nbops.cpu.conv`): an implicit GEMM on nbops' packed
+GEMM micro-kernel (1x1 and larger kernels alike; the im2col matrix is
+packed block by block, never built), im2col + NumPy's BLAS, and a direct
+depthwise kernel for one input channel per group. The first two are
+autotuner candidates (``NBOPS_AUTOTUNE=0``: ``DEFAULT_CONFIG``, the
+implicit GEMM); depthwise has one algorithm. CUDA (:mod:`nbops.cuda.conv`):
+a direct kernel with the block's weights staged in shared memory.
+
+Backward (autograd): the input gradient is ``col2im(W^T @ grad)``, the
+weight gradient ``grad @ im2col(x)^T`` summed over the batch, the bias
+gradient the sum of ``grad`` over batch and pixels; products run on
+:func:`nbops.matmul`, so both devices share the rule.
+"""
+
+import numbers
+
+import numpy as np
+
+from . import _checks, _dispatch, arith, tensor
+from . import autotune as _autotune
+from ._dispatch import CPU, CUDA, operator
+from .linalg import matmul
+
+__all__ = ["conv1d", "conv2d", "fold_batch_norm", "conv_bn_relu", "conv_bn", "conv_relu",
+           "DEFAULT_CONFIG", "CONV_CONFIGS"]
+
+for _name in ("conv2d", "im2col", "col2im", "bn_scale_shift", "fold_weights"):
+    _dispatch.register_kernel(f"conv.{_name}", CPU, f"nbops.cpu.conv:{_name}")
+    _dispatch.register_kernel(f"conv.{_name}", CUDA, f"nbops.cuda.conv:{_name}")
+
+#: CPU config used when tuning is off: implicit GEMM over blocks of 256
+#: output pixels x 256 k (a 32 KiB float32 B panel per NR sliver group).
+DEFAULT_CONFIG = {"algo": "igemm", "NC": 256, "KC": 256}
+
+#: Candidates the autotuner times for convolutions with more than one input
+#: channel per group (depthwise has a single algorithm).
+CONV_CONFIGS = [
+    DEFAULT_CONFIG,
+    {"algo": "igemm", "NC": 512, "KC": 256},
+    {"algo": "igemm", "NC": 128, "KC": 256},
+    {"algo": "igemm", "NC": 256, "KC": 512},
+    {"algo": "igemm", "NC": 1024, "KC": 128},
+    {"algo": "blas", "NC": 0, "KC": 0},
+]
+
+
+@_autotune.autotune(configs=CONV_CONFIGS, key=["n", "c", "hw", "co", "kk", "stride", "groups"],
+                    default=DEFAULT_CONFIG, name="nbops.conv2d")
+def _cpu_conv(args, n, c, hw, co, kk, stride, groups, dtype, algo, NC, KC):
+    return _dispatch.kernel("conv.conv2d", CPU)(*args, algo=algo, NC=NC, KC=KC)
+
+
+_ACTS = {None: 0, "relu": 1}
+
+
+# ---------------------------------------------------------------------------
+# Public operators
+
+
+@operator("conv2d")
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, out=None):
+    """2-D convolution (cross-correlation, as ``torch.nn.functional.conv2d``).
+
+    Parameters
+    ----------
+    x : array (N, C, H, W), float32 or float64, CPU or CUDA
+        Any strides (a non-contiguous input is copied once).
+    weight : array (CO, C / groups, kH, kW), same dtype and device
+    bias : array (CO,), optional
+    stride, dilation : int or pair of ints, each >= 1
+    padding : int, pair of ints (>= 0), "valid" (no padding) or "same"
+        (output size = input size, stride 1 only; for even effective kernel
+        sizes the extra row/column is padded at the bottom/right, as
+        PyTorch does).
+    groups : int >= 1 dividing both C and CO. ``groups == C`` is a
+        depthwise convolution (CO = C * multiplier), which runs its own
+        kernel.
+    out : array (N, CO, OH, OW), optional
+        C-contiguous, the result's dtype and device, not overlapping inputs.
+
+    Returns
+    -------
+    array (N, CO, OH, OW) with ``OH = (H + 2 ph - dh (kH - 1) - 1) // sh + 1``
+    (likewise OW), on the inputs' device.
+
+    Raises
+    ------
+    TypeError
+        Non-float arrays, mixed dtypes or devices, bad ``out`` dtype,
+        non-integer stride/padding/dilation/groups.
+    ValueError
+        ``x`` not 4-D, ``weight`` not 4-D, channels not divisible by
+        ``groups`` or not matching ``weight``, ``bias`` not (CO,), stride or
+        dilation < 1, negative padding, "same" with a stride, a kernel
+        larger than the padded input, a bad ``out``.
+
+    Example
+    -------
+    >>> x = np.ones((1, 1, 3, 3), np.float32); w = np.ones((1, 1, 2, 2), np.float32)
+    >>> nbops.conv2d(x, w)
+    array([[[[4., 4.],
+             [4., 4.]]]], dtype=float32)
+    """
+    return _conv("conv2d", 2, x, weight, bias, None, stride, padding, dilation, groups,
+                 None, out)[0]
+
+
+@operator("conv1d")
+def conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, out=None):
+    """1-D convolution (``torch.nn.functional.conv1d``), on the 2-D kernels
+    with a unit height.
+
+    ``x`` (N, C, L), ``weight`` (CO, C / groups, K), ``bias`` (CO,);
+    ``stride``, ``dilation`` ints >= 1, ``padding`` an int >= 0, "valid" or
+    "same"; ``groups`` as :func:`conv2d`. float32 or float64, CPU or CUDA.
+    Returns (N, CO, OL) or writes ``out``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`conv2d` (with 3-D ``x`` and ``weight``).
+
+    Example
+    -------
+    >>> nbops.conv1d(np.arange(5.0).reshape(1, 1, 5), np.ones((1, 1, 2)))
+    array([[[1., 3., 5., 7.]]])
+    """
+    return _conv("conv1d", 1, x, weight, bias, None, stride, padding, dilation, groups,
+                 None, out)[0]
+
+
+@operator("conv_relu", save=("inputs", "output"))
+def conv_relu(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, out=None):
+    """``relu(conv(x, weight) + bias)`` in one kernel: the relu runs in the
+    convolution's epilogue on each output tile while it is in cache.
+
+    Arguments, shapes and errors as :func:`conv2d` (4-D ``x``/``weight``)
+    or :func:`conv1d` (3-D), chosen by ``weight``'s rank.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`conv2d`.
+
+    Example
+    -------
+    >>> x = np.ones((1, 1, 3, 3), np.float32); w = -np.ones((1, 1, 2, 2), np.float32)
+    >>> float(nbops.conv_relu(x, w).max())
+    0.0
+    """
+    spatial = _spatial_of(weight)
+    return _conv("conv_relu", spatial, x, weight, bias, None, stride, padding, dilation,
+                 groups, "relu", out)[0]
+
+
+@operator("conv_bn", save=("inputs", "output"))
+def conv_bn(x, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps=1e-5, stride=1,
+            padding=0, dilation=1, groups=1, out=None):
+    """Convolution followed by evaluation-mode batch norm, as one kernel:
+    ``conv(x, W * s) + (bias - bn_mean) * s + bn_bias`` with
+    ``s = bn_weight / sqrt(bn_var + eps)``, folded while the weights are
+    packed and added in the epilogue.
+
+    ``bias`` may be None; ``bn_mean``, ``bn_var``, ``bn_weight``,
+    ``bn_bias`` are (CO,) arrays of ``x``'s dtype and device; ``eps`` > 0.
+    Other arguments as :func:`conv2d` (or :func:`conv1d` for 3-D tensors).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`conv2d`, and batch-norm statistics of the wrong length or
+        a non-positive ``eps``.
+
+    Example
+    -------
+    >>> x = np.ones((1, 2, 3, 3)); w = np.ones((4, 2, 1, 1)); c = np.ones(4)
+    >>> nbops.conv_bn(x, w, None, c, c, c, c, eps=0.0)[0, :, 0, 0]
+    array([2., 2., 2., 2.])
+    """
+    return _conv_bn("conv_bn", x, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps,
+                    stride, padding, dilation, groups, None, out)
+
+
+@operator("conv_bn_relu", save=("inputs", "output"))
+def conv_bn_relu(x, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps=1e-5, stride=1,
+                 padding=0, dilation=1, groups=1, out=None):
+    """``relu(batch_norm(conv(x, weight, bias)))`` (batch norm in evaluation
+    mode) as ONE convolution kernel: the folded weights
+    ``weight * bn_weight / sqrt(bn_var + eps)`` are formed while they are
+    packed, the folded bias and the relu applied in the epilogue on each
+    output tile, and the output written once. Against conv2d, batch_norm and
+    relu as three passes it saves two reads and two writes of the output.
+
+    Arguments as :func:`conv_bn`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`conv_bn`.
+
+    Example
+    -------
+    >>> x = np.ones((1, 2, 3, 3)); w = -np.ones((4, 2, 1, 1)); c = np.ones(4)
+    >>> nbops.conv_bn_relu(x, w, None, c, c, c, c)[0, :, 0, 0]
+    array([0., 0., 0., 0.])
+    """
+    return _conv_bn("conv_bn_relu", x, weight, bias, bn_mean, bn_var, bn_weight, bn_bias,
+                    eps, stride, padding, dilation, groups, "relu", out)
+
+
+@operator("fold_batch_norm")
+def fold_batch_norm(weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps=1e-5):
+    """Fold an evaluation-mode batch norm that follows a convolution into the
+    convolution's parameters.
+
+    Returns ``(weight', bias')`` with ``weight' = weight * s`` (per output
+    channel) and ``bias' = (bias - bn_mean) * s + bn_bias``,
+    ``s = bn_weight / sqrt(bn_var + eps)``, so that
+    ``conv(x, weight', bias') == batch_norm(conv(x, weight, bias))``.
+
+    Parameters
+    ----------
+    weight : array (CO, ...) (any rank >= 2), float32 or float64, CPU or CUDA
+    bias : array (CO,) or None (zero)
+    bn_mean, bn_var, bn_weight, bn_bias : arrays (CO,), same dtype and device
+    eps : float > 0
+
+    Raises
+    ------
+    TypeError
+        Non-float arrays, mixed dtypes or devices.
+    ValueError
+        ``weight`` of rank < 2, statistics or ``bias`` not of length CO,
+        ``eps`` not > 0.
+
+    Example
+    -------
+    >>> w = np.ones((2, 1, 1, 1)); c = np.ones(2)
+    >>> nbops.fold_batch_norm(w, None, 0 * c, c, 2 * c, c, eps=0.0)[1]
+    array([1., 1.])
+    """
+    op = "fold_batch_norm"
+    _checks.array(op, "weight", weight)
+    if weight.ndim < 2:
+        raise ValueError(f"{op}: argument 'weight' must have at least 2 dimensions "
+                         f"(out_channels, ...), got shape {tuple(weight.shape)}")
+    co = int(weight.shape[0])
+    dev, stats = _bn_args(op, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps, co)
+    scale, shift = _scale_shift(dev, weight.dtype, co, stats, eps)
+    w = tensor.contiguous(weight)
+    folded = _checks.empty(tuple(weight.shape), weight.dtype, dev)
+    _dispatch.kernel("conv.fold_weights", dev)(_reshape(w, (co, -1)), scale,
+                                               _reshape(folded, (co, -1)))
+    return folded, shift
+
+
+# ---------------------------------------------------------------------------
+# Argument handling
+
+
+def _spatial_of(weight):
+    nd = getattr(weight, "ndim", 0)
+    return 1 if nd == 3 else 2
+
+
+def _int(op, name, v):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{op}: argument '{name}' must be an int or a tuple of ints, "
+                        f"got {_checks.describe(v)}")
+    return int(v)
+
+
+def _pair(op, name, v, spatial, low):
+    vals = tuple(v) if isinstance(v, (tuple, list)) else (v,) * spatial
+    if len(vals) != spatial:
+        raise ValueError(f"{op}: argument '{name}' must be an int or a tuple of {spatial} "
+                         f"ints, got {v!r}")
+    vals = tuple(_int(op, name, e) for e in vals)
+    if any(e < low for e in vals):
+        raise ValueError(f"{op}: argument '{name}' must be >= {low}, got {v!r}")
+    return vals if spatial == 2 else (1 if name != "padding" else 0,) + vals
+
+
+def _geometry(op, spatial, x, weight, stride, padding, dilation, groups):
+    """Validated ``(geo, out_shape)``; ``geo`` as in :mod:`nbops.cpu.conv`."""
+    rank = spatial + 2
+    layout = "(N, C, H, W)" if spatial == 2 else "(N, C, L)"
+    wlayout = "(out_channels, in_channels/groups, kH, kW)" if spatial == 2 else \
+        "(out_channels, in_channels/groups, k)"
+    if x.ndim != rank:
+        raise ValueError(f"{op}: argument 'x' must be {rank}-D {layout}, got shape "
+                         f"{tuple(x.shape)}")
+    if weight.ndim != rank:
+        raise ValueError(f"{op}: argument 'weight' must be {rank}-D {wlayout}, got shape "
+                         f"{tuple(weight.shape)}")
+    groups = _int(op, "groups", groups)
+    if groups < 1:
+        raise ValueError(f"{op}: argument 'groups' must be >= 1, got {groups}")
+    n, c = int(x.shape[0]), int(x.shape[1])
+    co, cg = int(weight.shape[0]), int(weight.shape[1])
+    if c % groups:
+        raise ValueError(f"{op}: input channels {c} of 'x' are not divisible by groups="
+                         f"{groups}")
+    if co % groups:
+        raise ValueError(f"{op}: output channels {co} of 'weight' are not divisible by "
+                         f"groups={groups}")
+    if cg * groups != c:
+        raise ValueError(f"{op}: 'weight' {tuple(weight.shape)} expects {cg * groups} input "
+                         f"channels ({cg} per group x groups={groups}) but 'x' has {c}")
+    stride = _pair(op, "stride", stride, spatial, 1)
+    dilation = _pair(op, "dilation", dilation, spatial, 1)
+    hw = tuple(int(s) for s in x.shape[2:]) if spatial == 2 else (1, int(x.shape[2]))
+    kk = tuple(int(s) for s in weight.shape[2:]) if spatial == 2 else (1, int(weight.shape[2]))
+    eff = tuple(d * (k - 1) + 1 for d, k in zip(dilation, kk))
+    if isinstance(padding, str):
+        if padding == "valid":
+            pad_lo, pad_total = (0, 0), (0, 0)
+        elif padding == "same":
+            if any(s != 1 for s in stride):
+                raise ValueError(f"{op}: padding='same' needs stride 1, got stride "
+                                 f"{stride[-spatial:]}")
+            pad_total = tuple(e - 1 for e in eff)
+            pad_lo = tuple(t // 2 for t in pad_total)
+        else:
+            raise ValueError(f"{op}: argument 'padding' must be an int, a tuple of ints, "
+                             f"'same' or 'valid', got {padding!r}")
+    else:
+        pad_lo = _pair(op, "padding", padding, spatial, 0)
+        pad_total = tuple(2 * p for p in pad_lo)
+    for axis in range(2 - spatial, 2):
+        if hw[axis] + pad_total[axis] < eff[axis]:
+            what = "kernel" if spatial == 1 else ("kernel height", "kernel width")[axis]
+            raise ValueError(
+                f"{op}: {what} of 'weight' spans {eff[axis]} (size {kk[axis]}, dilation "
+                f"{dilation[axis]}) but the padded input of 'x' is only "
+                f"{hw[axis] + pad_total[axis]} (size {hw[axis]} + padding {pad_total[axis]})")
+    ohw = tuple((hw[a] + pad_total[a] - eff[a]) // stride[a] + 1 for a in range(2))
+    geo = (c, hw[0], hw[1], kk[0], kk[1], stride[0], stride[1], pad_lo[0], pad_lo[1],
+           dilation[0], dilation[1], ohw[0], ohw[1], groups, co)
+    out_shape = (n, co) + (ohw if spatial == 2 else ohw[1:])
+    return geo, out_shape
+
+
+def _reshape(x, shape):
+    return x.reshape(shape) if isinstance(x, np.ndarray) else tensor.reshape(x, shape)
+
+
+def _as4d(x, spatial):
+    """A 3-D (N, C, L) array as (N, C, 1, L); 4-D arrays pass."""
+    if spatial == 2:
+        return x
+    shape = tuple(x.shape)
+    return _reshape(x, shape[:2] + (1,) + shape[2:])
+
+
+def _conv(op, spatial, x, weight, bias, wscale, stride, padding, dilation, groups,
+          activation, out, scale_arrays=None):
+    """Check, allocate and run one convolution kernel; returns ``(out, geo)``."""
+    _checks.array(op, "x", x)
+    _checks.array(op, "weight", weight)
+    if bias is not None:
+        _checks.array(op, "bias", bias)
+    _checks.same_dtype(op, x=x, weight=weight, bias=bias)
+    dev = _dispatch.resolve_device(op, x=x, weight=weight, bias=bias, out=out,
+                                   **(scale_arrays or {}))
+    geo, out_shape = _geometry(op, spatial, x, weight, stride, padding, dilation, groups)
+    co = geo[-1]
+    if bias is not None and tuple(bias.shape) != (co,):
+        raise ValueError(f"{op}: argument 'bias' must have shape ({co},) to match 'weight' "
+                         f"{tuple(weight.shape)}, got {tuple(bias.shape)}")
+    out = _checks.output(op, out, out_shape, x.dtype, dev,
+                         {"x": x, "weight": weight, "bias": bias})
+    empty = _checks.empty((0,), x.dtype, dev)
+    xc = _as4d(tensor.contiguous(x), spatial)
+    wc = _as4d(tensor.contiguous(weight), spatial)
+    bc = empty if bias is None else tensor.contiguous(bias)
+    sc = empty if wscale is None else wscale
+    o4 = _as4d(out, spatial)
+    args = (xc, wc, sc, bc, o4, geo, _ACTS[activation])
+    if out.size == 0:
+        return out, geo
+    if dev == CUDA or geo[0] // geo[13] == 1:
+        _dispatch.kernel("conv.conv2d", dev)(*args)
+    else:
+        c, h, w, kh, kw, sh = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
+        _cpu_conv.run((args,), dict(n=int(x.shape[0]), c=c, hw=h * w, co=co, kk=kh * kw,
+                                    stride=sh, groups=geo[13], dtype=np.dtype(x.dtype).name))
+    return out, geo
+
+
+def _bn_args(op, ref, bias, bn_mean, bn_var, bn_weight, bn_bias, eps, co):
+    stats = {"bias": bias, "bn_mean": bn_mean, "bn_var": bn_var, "bn_weight": bn_weight,
+             "bn_bias": bn_bias}
+    for name, v in stats.items():
+        if v is None and name == "bias":
+            continue
+        _checks.array(op, name, v)
+        if tuple(v.shape) != (co,):
+            raise ValueError(f"{op}: argument '{name}' must have shape ({co},) (one value per "
+                             f"output channel), got {tuple(v.shape)}")
+    _checks.same_dtype(op, weight=ref, **stats)
+    dev = _dispatch.resolve_device(op, weight=ref, **stats)
+    _checks.scalar(op, "eps", eps, low=0.0, low_open=True)
+    return dev, {k: (None if v is None else tensor.contiguous(v)) for k, v in stats.items()}
+
+
+def _scale_shift(dev, dtype, co, stats, eps):
+    scale = _checks.empty((co,), dtype, dev)
+    shift = _checks.empty((co,), dtype, dev)
+    bias = stats["bias"] if stats["bias"] is not None else _checks.empty((0,), dtype, dev)
+    _dispatch.kernel("conv.bn_scale_shift", dev)(
+        bias, stats["bn_mean"], stats["bn_var"], stats["bn_weight"], stats["bn_bias"],
+        float(eps), scale, shift)
+    return scale, shift
+
+
+def _conv_bn(op, x, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps, stride, padding,
+             dilation, groups, activation, out):
+    _checks.array(op, "weight", weight)
+    if weight.ndim not in (3, 4):
+        raise ValueError(f"{op}: argument 'weight' must be 4-D (out_channels, "
+                         f"in_channels/groups, kH, kW) or 3-D for 1-D convolutions, got "
+                         f"shape {tuple(weight.shape)}")
+    co = int(weight.shape[0])
+    _checks.array(op, "x", x)
+    _dispatch.resolve_device(op, x=x, weight=weight)
+    dev, stats = _bn_args(op, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps, co)
+    scale, shift = _scale_shift(dev, weight.dtype, co, stats, eps)
+    return _conv(op, _spatial_of(weight), x, weight, shift, scale, stride, padding, dilation,
+                 groups, activation, out)[0]
+
+
+# ---------------------------------------------------------------------------
+# Backward rules: one gradient per forward parameter
+
+
+def _swap(x):
+    axes = tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2)
+    return tensor.transpose(x, axes) if not isinstance(x, np.ndarray) else x.transpose(axes)
+
+
+def _conv_grads(x, w, grad, geo, spatial, need_x, need_w, need_b):
+    """``(gx, gw, gb)`` of ``out = conv(x, w) + b`` given ``grad`` of out
+    (None for gradients not needed)."""
+    c, h, wd, kh, kw = geo[:5]
+    oh, ow, groups, co = geo[11:]
+    n = int(x.shape[0])
+    mg, k, p = co // groups, (c // groups) * kh * kw, oh * ow
+    dev = _dispatch.device_of_array(grad)
+    g4 = _reshape(tensor.contiguous(grad), (n, groups, mg, p))
+    gx = gw = gb = None
+    if need_x:
+        wm = _reshape(tensor.contiguous(w), (groups, mg, k))
+        cols = matmul(_swap(wm), g4)  # (N, G, k, P)
+        gx = _checks.empty((n, c, h, wd), x.dtype, dev)
+        _dispatch.kernel("conv.col2im", dev)(cols, geo, gx)
+        gx = _reshape(gx, tuple(x.shape))
+    if need_w:
+        cols = _checks.empty((n, groups, k, p), x.dtype, dev)
+        _dispatch.kernel("conv.im2col", dev)(_as4d(tensor.contiguous(x), spatial), geo, cols)
+        gw = arith.sum(matmul(g4, _swap(cols)), axis=0)  # (G, mg, k)
+        gw = _reshape(gw, tuple(w.shape))
+    if need_b:
+        gb = arith.sum(_reshape(g4, (n, co, p)), axis=(0, 2))
+    return gx, gw, gb
+
+
+def _conv_rule(spatial):
+    def rule(ctx, grad):
+        x, w, b = ctx.inputs[:3]
+        geo, _ = _geometry("backward", spatial, x, w, *ctx.inputs[3:7])
+        gx, gw, gb = _conv_grads(x, w, grad, geo, spatial, ctx.needs_input_grad[0],
+                                 ctx.needs_input_grad[1], b is not None)
+        return (gx, gw, gb) + (None,) * (len(ctx.inputs) - 3)
+    return rule
+
+
+def _relu_grad(grad, y):
+    from . import activations
+
+    return activations.relu_backward(grad, y)
+
+
+def _conv_relu_rule(ctx, grad):
+    x, w, b = ctx.inputs[:3]
+    spatial = _spatial_of(w)
+    geo, _ = _geometry("backward", spatial, x, w, *ctx.inputs[3:7])
+    gz = _relu_grad(grad, ctx.output)
+    gx, gw, gb = _conv_grads(x, w, gz, geo, spatial, ctx.needs_input_grad[0],
+                             ctx.needs_input_grad[1], b is not None)
+    return (gx, gw, gb) + (None,) * (len(ctx.inputs) - 3)
+
+
+def _fold_chain(w, b, mean, var, gamma, eps, scale, gwf, gbf):
+    """Gradients of ``(W, b, mean, var, gamma, beta)`` from those of the folded
+    ``W' = W s`` and ``b' = (b - mean) s + beta``, ``s = gamma / sqrt(var + eps)``."""
+    co = int(w.shape[0])
+    dev = _dispatch.device_of_array(w)
+    gw = _checks.empty(tuple(w.shape), w.dtype, dev)
+    _dispatch.kernel("conv.fold_weights", dev)(
+        _reshape(tensor.contiguous(gwf), (co, -1)), scale, _reshape(gw, (co, -1)))
+    centred = arith.neg(mean) if b is None else arith.sub(b, mean)
+    gs = arith.add(arith.sum(arith.mul(_reshape(tensor.contiguous(gwf), (co, -1)),
+                                       _reshape(tensor.contiguous(w), (co, -1))), axis=1),
+                   arith.mul(gbf, centred))
+    inv_std = arith.pow(arith.add(var, float(eps)), -0.5)
+    ggamma = arith.mul(gs, inv_std)
+    gvar = arith.mul(arith.mul(gs, scale), arith.mul(arith.mul(inv_std, inv_std), -0.5))
+    gb = arith.mul(gbf, scale) if b is not None else None
+    gmean = arith.neg(arith.mul(gbf, scale))
+    return gw, gb, gmean, gvar, ggamma, gbf
+
+
+def _conv_bn_rule(relu):
+    def rule(ctx, grad):
+        x, w, b, mean, var, gamma, beta, eps = ctx.inputs[:8]
+        spatial = _spatial_of(w)
+        geo, _ = _geometry("backward", spatial, x, w, *ctx.inputs[8:12])
+        dev = _dispatch.device_of_array(x)
+        gz = _relu_grad(grad, ctx.output) if relu else grad
+        stats = {"bias": b, "bn_mean": mean, "bn_var": var, "bn_weight": gamma,
+                 "bn_bias": beta}
+        scale, _ = _scale_shift(dev, x.dtype, int(w.shape[0]), stats, eps)
+        wf, _ = fold_batch_norm(w, b, mean, var, gamma, beta, eps)
+        gx, gwf, gbf = _conv_grads(x, wf, gz, geo, spatial, ctx.needs_input_grad[0], True,
+                                   True)
+        rest = _fold_chain(w, b, mean, var, gamma, eps, scale, gwf, gbf)
+        return (gx,) + rest + (None,) * (len(ctx.inputs) - 7)
+    return rule
+
+
+def _fold_rule(ctx, gwf, gbf):
+    w, b, mean, var, gamma, beta, eps = ctx.inputs
+    co = int(w.shape[0])
+    dev = _dispatch.device_of_array(w)
+    if gwf is None:
+        gwf = arith.mul(w, 0.0)
+    if gbf is None:
+        gbf = arith.mul(mean, 0.0)
+    stats = {"bias": b, "bn_mean": mean, "bn_var": var, "bn_weight": gamma, "bn_bias": beta}
+    scale, _ = _scale_shift(dev, w.dtype, co, stats, eps)
+    return _fold_chain(w, b, mean, var, gamma, eps, scale, gwf, gbf) + (None,)
+
+
+conv2d.backward = _conv_rule(2)
+conv1d.backward = _conv_rule(1)
+conv_relu.backward = _conv_relu_rule
+conv_bn.backward = _conv_bn_rule(False)
+conv_bn_relu.backward = _conv_bn_rule(True)
+fold_batch_norm.backward = _fold_rule

@@ -1,0 +1,444 @@
+"""CPU kernels of conv1d / conv2d and the fused conv + batch norm + relu.
+
+Every convolution is ``out[n, co] = act(sum_k W'[co, k] col[k, p] + b[co])``
+with ``k = (ci, kh, kw)`` over one group's input channels and ``p = (oh,
+ow)``; ``W' = W * wscale[co]`` when a per-channel scale is given (batch
+norm folded in) and ``act`` is 0 (none) or 1 (relu). Three algorithms:
+
+* ``igemm`` (implicit GEMM, the default for every grouping with more than
+  one input channel per group, 1x1 included): nbops' own packed GEMM of
+  :mod:`nbops.cpu.linalg`. The weights are packed once per call into the
+  micro-kernel's A slivers (scaled on the way, which is how batch norm is
+  folded at no cost); the im2col matrix is never built: each task packs
+  the KC x NC block of it that it needs straight into the B slivers
+  (``bpack[jr, p, j]``) from the input, zero padding included, then runs the
+  register-tile micro-kernel over it. A 1x1 stride-1 convolution packs
+  plain rows of the input, so it is the GEMM ``W @ x[n]`` with no extra
+  pass. The epilogue (bias per output channel, relu) runs on each MR x NR
+  tile straight after its last k slice, while the tile is in L1: the output
+  is written once.
+* ``blas``: im2col of one image (all of it, in parallel), NumPy's BLAS on
+  it, then the epilogue; an autotuner candidate that wins on some shapes.
+* ``depthwise`` (one input channel per group: depthwise, with or without a
+  channel multiplier): a direct kernel, ``prange`` over output planes,
+  vectorised along the output row (each tap adds ``w * x[row]`` to a row
+  held in L1).
+
+The input ``x`` is C-contiguous NCHW seen flat; ``geo`` is the tuple
+``(C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO)``; the batch
+size is ``x.size // (C*H*W)``. ``im2col`` and ``col2im`` (the backward
+pass's patch matrix and its adjoint) use the same geometry.
+"""
+
+import types as pytypes
+
+import numpy as np
+from numba import get_num_threads, prange
+from numba.extending import register_jitable
+
+from .._jit import cpu_kernel
+from . import linalg as _linalg
+
+__all__ = ["conv2d", "im2col", "col2im", "bn_scale_shift", "fold_weights"]
+#: Entry points with no CUDA twin: none (the algorithms are CPU choices).
+CPU_ONLY = ()
+
+#: Tasks per thread the implicit GEMM aims for (load balance vs. re-packing).
+TASKS_PER_THREAD = 2
+
+
+def conv2d(x, w, wscale, bias, out, geo, act, algo="igemm", NC=256, KC=256):
+    """``out = act(conv(x, w * wscale) + bias)`` (shapes in the module
+    docstring); ``wscale`` and ``bias`` are per output channel or empty.
+    ``algo`` picks the implicit GEMM or the BLAS route for groups of more
+    than one input channel; one input channel per group always runs the
+    depthwise kernel. ``NC``/``KC``: pixels and k depth per packed block."""
+    if out.size == 0:
+        return out
+    C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
+    xf, wf, of = x.reshape(-1), w.reshape(-1), out.reshape(-1)
+    if C // G == 1:
+        _depthwise(xf, wf, wscale, bias, of, geo, act)
+    elif algo == "blas":
+        _blas_route(x, w, wscale, bias, out, geo, act)
+    else:
+        _igemm(xf, wf, wscale, bias, of, geo, act, NC, KC)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Implicit GEMM
+
+
+def _igemm(xf, wf, wscale, bias, of, geo, act, NC, KC):
+    C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
+    n_img = xf.size // (C * H * W)
+    mr, nr = _linalg.TILES[of.dtype]
+    mg, k, p = CO // G, (C // G) * KH * KW, OH * OW
+    kc = max(1, min(KC, k))
+    nk = (k + kc - 1) // kc
+    nir = (mg + mr - 1) // mr
+    apk = np.empty((G, nk, nir, kc, mr), of.dtype)
+    _pack_weights(wf, wscale, apk, mg, k)
+    threads = get_num_threads()
+    # column chunks: about NC pixels each, their count a multiple of the
+    # thread count while the tasks are few (7 chunks on 2 threads idle one
+    # of them an eighth of the time), whole NR slivers
+    nj = max(1, -(-p // NC))
+    if n_img * G * nj < 8 * threads:
+        nj = -(-(n_img * G * nj) // threads) * threads // (n_img * G) or 1
+    ncol = -(-p // nj)
+    ncol = -(-ncol // nr) * nr
+    nj = -(-p // ncol)
+    # too few pixel chunks (small late layers at batch 1): split the
+    # output channels too, each task re-packing its own B block
+    mch = 1
+    if n_img * G * nj < TASKS_PER_THREAD * threads:
+        mch = min(nir, -(-TASKS_PER_THREAD * threads // (n_img * G * nj)))
+    _igemm_drivers(of.dtype)(xf, apk, bias, of, geo, ncol, nj, mch, act, of.dtype.type(0))
+
+
+@cpu_kernel
+def _pack_weights(wf, wscale, apk, mg, k):
+    # apk[g, q, ir, p, i] = W[g*mg + ir*MR + i, q*KC + p] * wscale[...]; zero padded
+    ng, nk, nir, kc, mr = apk.shape
+    zero = apk.dtype.type(0)
+    scaled = wscale.size > 0
+    for g in range(ng):
+        for q in range(nk):
+            for ir in range(nir):
+                for pp in range(kc):
+                    kk = q * kc + pp
+                    for i in range(mr):
+                        r = ir * mr + i
+                        v = zero
+                        if r < mg and kk < k:
+                            co = g * mg + r
+                            v = wf[co * k + kk]
+                            if scaled:
+                                v = v * wscale[co]
+                        apk[g, q, ir, pp, i] = v
+
+
+@register_jitable
+def _epilogue_rows(of, coff, ld, rows, cols, bias, row0, act, zero):
+    """``act(C + bias[row])`` over a rows x cols tile of C at ``coff``."""
+    has_bias = bias.size > 0
+    for i in range(rows):
+        row = of[coff + i * ld:coff + i * ld + cols]
+        b = bias[row0 + i] if has_bias else zero
+        if act == 1:
+            for j in range(cols):
+                v = row[j] + b
+                row[j] = v if not v < zero else zero
+        elif has_bias:
+            for j in range(cols):
+                row[j] += b
+
+
+@register_jitable
+def _segment_bounds(i0, seg, step, size):
+    """``(lo, hi)``: the t in [0, seg) with ``0 <= i0 + t*step < size`` form
+    [lo, hi) (step > 0)."""
+    lo = 0 if i0 >= 0 else min(seg, (-i0 + step - 1) // step)
+    hi = (size - 1 - i0) // step + 1 if size - 1 - i0 >= 0 else 0
+    return lo, max(lo, min(seg, hi))
+
+
+# Templates bound per register tile (MR, NR, the micro-kernel as globals,
+# as nbops.cpu.linalg does: globals keep Numba's on-disk cache valid).
+MR = NR = 0
+_micro = _pack_cols = None
+
+
+def _pack_cols_t(xf, xoff, geo, pc, kc, jc, nc, bpack, zero):
+    # bpack[jr, p, j] = col[pc + p, jc + jr*NR + j] of one image and group,
+    # read from the input (zero where the window hangs over the padding)
+    C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
+    kk_ = KH * KW
+    for jr in range((nc + NR - 1) // NR):
+        c0 = jc + jr * NR
+        cols = min(NR, nc - jr * NR)
+        oh0 = c0 // OW
+        ow0 = c0 - oh0 * OW
+        sliver = bpack[jr]
+        for p in range(kc):
+            k = pc + p
+            ci = k // kk_
+            r = k - ci * kk_
+            kh = r // KW
+            kw = r - kh * KW
+            base = xoff + ci * H * W
+            row = sliver[p]
+            j = 0
+            oh = oh0
+            ow = ow0
+            while j < cols:
+                seg = min(cols - j, OW - ow)
+                ih = oh * sh - ph + kh * dh
+                if ih < 0 or ih >= H:
+                    for t in range(seg):
+                        row[j + t] = zero
+                else:
+                    iw0 = ow * sw - pw + kw * dw
+                    lo, hi = _segment_bounds(iw0, seg, sw, W)
+                    for t in range(lo):
+                        row[j + t] = zero
+                    src = base + ih * W + iw0
+                    if sw == 1:
+                        for t in range(lo, hi):
+                            row[j + t] = xf[src + t]
+                    else:
+                        for t in range(lo, hi):
+                            row[j + t] = xf[src + t * sw]
+                    for t in range(hi, seg):
+                        row[j + t] = zero
+                j += seg
+                oh += 1
+                ow = 0
+            for t in range(cols, NR):
+                row[t] = zero
+
+
+def _igemm_t(xf, apk, bias, of, geo, ncol, nj, mch, act, zero):
+    C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
+    n_img = xf.size // (C * H * W)
+    cg, mg = C // G, CO // G
+    k = cg * KH * KW
+    p_all = OH * OW
+    nk, nir, kcap = apk.shape[1], apk.shape[2], apk.shape[3]
+    per_m = (nir + mch - 1) // mch
+    nnr_max = (min(ncol, p_all) + NR - 1) // NR
+    for t in prange(n_img * G * nj * mch):
+        mi = t % mch
+        rest = t // mch
+        jb = rest % nj
+        rest = rest // nj
+        g = rest % G
+        n = rest // G
+        ir0 = mi * per_m
+        ir1 = min(nir, ir0 + per_m)
+        jc = jb * ncol
+        nc = min(ncol, p_all - jc)
+        if ir0 < ir1 and nc > 0:
+            bpack = np.empty((nnr_max, kcap, NR), of.dtype)
+            scratch = np.empty(MR * NR, of.dtype)
+            s_ld = scratch.size // MR
+            s_off = 0 * s_ld
+            xoff = (n * C + g * cg) * H * W
+            c_base = (n * CO + g * mg) * p_all + jc
+            for q in range(nk):
+                pc = q * kcap
+                kc = min(kcap, k - pc)
+                first = q == 0
+                _pack_cols(xf, xoff, geo, pc, kc, jc, nc, bpack, zero)
+                for jr in range((nc + NR - 1) // NR):
+                    cols = min(NR, nc - jr * NR)
+                    for ir in range(ir0, ir1):
+                        rows = min(MR, mg - ir * MR)
+                        coff = c_base + ir * MR * p_all + jr * NR
+                        if rows == MR and cols == NR:
+                            _micro(kc, apk[g, q, ir], bpack[jr], of, coff, p_all, first, zero)
+                        else:
+                            _micro(kc, apk[g, q, ir], bpack[jr], scratch, s_off, s_ld,
+                                   s_ld > 0, zero)
+                            for i in range(rows):
+                                for j in range(cols):
+                                    if first:
+                                        of[coff + i * p_all + j] = scratch[i * NR + j]
+                                    else:
+                                        of[coff + i * p_all + j] += scratch[i * NR + j]
+                        if q == nk - 1:
+                            _epilogue_rows(of, coff, p_all, rows, cols, bias,
+                                           g * mg + ir * MR, act, zero)
+
+
+_DRIVERS = {}
+
+
+def _igemm_drivers(dtype):
+    """The implicit-GEMM driver for ``dtype``'s register tile, built on first use."""
+    d = _DRIVERS.get(dtype)
+    if d is None:
+        mr, nr = _linalg.TILES[dtype]
+        scope = dict(globals())
+        scope.update(MR=mr, NR=nr, _micro=_linalg.drivers(dtype)[2])
+        scope["_pack_cols"] = register_jitable(_bind(_pack_cols_t, scope,
+                                                     f"conv_pack_cols_{nr}"))
+        d = _DRIVERS[dtype] = cpu_kernel(_bind(_igemm_t, scope, f"conv_igemm_{mr}x{nr}"),
+                                         parallel=True)
+    return d
+
+
+def _bind(template, scope, name):
+    fn = pytypes.FunctionType(template.__code__, scope, name, template.__defaults__)
+    fn.__qualname__ = name  # its own on-disk cache entry
+    return fn
+
+
+# ---------------------------------------------------------------------------
+# Depthwise (one input channel per group)
+
+
+@cpu_kernel(parallel=True)
+def _depthwise(xf, wf, wscale, bias, of, geo, act):
+    C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
+    n_img = xf.size // (C * H * W)
+    mult = CO // C
+    zero = of.dtype.type(0)
+    for t in prange(n_img * CO):
+        n = t // CO
+        co = t - n * CO
+        xb = (n * C + co // mult) * H * W
+        ob = t * OH * OW
+        wb = co * KH * KW
+        s = wscale[co] if wscale.size > 0 else of.dtype.type(1)
+        b = bias[co] if bias.size > 0 else zero
+        for oh in range(OH):
+            row = of[ob + oh * OW:ob + oh * OW + OW]
+            for ow in range(OW):
+                row[ow] = b
+            for kh in range(KH):
+                ih = oh * sh - ph + kh * dh
+                if ih >= 0 and ih < H:
+                    for kw in range(KW):
+                        wv = wf[wb + kh * KW + kw] * s
+                        iw0 = kw * dw - pw
+                        lo, hi = _segment_bounds(iw0, OW, sw, W)
+                        src = xb + ih * W + iw0
+                        if sw == 1:
+                            for ow in range(lo, hi):
+                                row[ow] += wv * xf[src + ow]
+                        else:
+                            for ow in range(lo, hi):
+                                row[ow] += wv * xf[src + ow * sw]
+            if act == 1:
+                for ow in range(OW):
+                    v = row[ow]
+                    row[ow] = v if not v < zero else zero
+
+
+# ---------------------------------------------------------------------------
+# im2col / col2im (backward pass, BLAS route)
+
+
+def im2col(x, geo, col):
+    """``col[n, g, k, p]`` = the input under tap k of output pixel p (zero in
+    the padding), for every image n and group g; ``col`` is C-contiguous
+    (N, G, Cg*KH*KW, OH*OW)."""
+    _im2col(x.reshape(-1), geo, col.reshape(-1))
+    return col
+
+
+@cpu_kernel(parallel=True)
+def _im2col(xf, geo, colf):
+    C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
+    n_img = xf.size // (C * H * W)
+    kk_ = KH * KW
+    p_all = OH * OW
+    zero = colf.dtype.type(0)
+    # (n, channel, tap) rows: each is one k row of its image and group
+    for t in prange(n_img * C * kk_):
+        r = t % kk_
+        nc_ = t // kk_
+        kh = r // KW
+        kw = r - kh * KW
+        base = nc_ * H * W
+        dst = t * p_all
+        iw0 = kw * dw - pw
+        lo, hi = _segment_bounds(iw0, OW, sw, W)
+        for oh in range(OH):
+            ih = oh * sh - ph + kh * dh
+            row = colf[dst + oh * OW:dst + oh * OW + OW]
+            if ih < 0 or ih >= H:
+                for ow in range(OW):
+                    row[ow] = zero
+            else:
+                src = base + ih * W + iw0
+                for ow in range(lo):
+                    row[ow] = zero
+                for ow in range(lo, hi):
+                    row[ow] = xf[src + ow * sw]
+                for ow in range(hi, OW):
+                    row[ow] = zero
+
+
+def col2im(col, geo, gx):
+    """The adjoint of :func:`im2col`: ``gx`` (N, C, H, W) = the sum of every
+    ``col`` entry into the input element it was read from."""
+    _col2im(col.reshape(-1), geo, gx.reshape(-1))
+    return gx
+
+
+@cpu_kernel(parallel=True)
+def _col2im(colf, geo, gxf):
+    C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
+    n_img = gxf.size // (C * H * W)
+    kk_ = KH * KW
+    p_all = OH * OW
+    zero = gxf.dtype.type(0)
+    # one input plane per task: its taps are the only writers (no races)
+    for t in prange(n_img * C):
+        base = t * H * W
+        for i in range(H * W):
+            gxf[base + i] = zero
+        for r in range(kk_):
+            kh = r // KW
+            kw = r - kh * KW
+            src0 = (t * kk_ + r) * p_all
+            iw0 = kw * dw - pw
+            lo, hi = _segment_bounds(iw0, OW, sw, W)
+            for oh in range(OH):
+                ih = oh * sh - ph + kh * dh
+                if ih >= 0 and ih < H:
+                    dst = base + ih * W + iw0
+                    src = src0 + oh * OW
+                    for ow in range(lo, hi):
+                        gxf[dst + ow * sw] += colf[src + ow]
+
+
+def _blas_route(x, w, wscale, bias, out, geo, act):
+    C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
+    mg, k, p = CO // G, (C // G) * KH * KW, OH * OW
+    wm = w.reshape(G, mg, k)
+    if wscale.size:
+        wm = wm * wscale.reshape(G, mg, 1)
+    col = np.empty((1, G, k, p), x.dtype)
+    zero = out.dtype.type(0)
+    for n in range(x.shape[0]):
+        im2col(x[n:n + 1], geo, col)
+        on = out[n].reshape(G, mg, p)
+        for g in range(G):
+            np.dot(wm[g], col[0, g], out=on[g])
+        _epilogue_all(out[n].reshape(-1), p, CO, bias, act, zero)
+
+
+@cpu_kernel(parallel=True)
+def _epilogue_all(of, p, rows, bias, act, zero):
+    for r in prange(rows):
+        _epilogue_rows(of, r * p, p, 1, p, bias, r, act, zero)
+
+
+# ---------------------------------------------------------------------------
+# Batch norm folding
+
+
+@cpu_kernel
+def bn_scale_shift(bias, mean, var, gamma, beta, eps, scale, shift):
+    """``scale = gamma / sqrt(var + eps)``, ``shift = (bias - mean) * scale +
+    beta`` (``bias`` may be empty: zero); float64 arithmetic for the
+    square root, as the reference formula."""
+    for c in range(scale.size):
+        s = gamma[c] / np.sqrt(np.float64(var[c]) + eps)
+        b = bias[c] if bias.size > 0 else 0.0
+        scale[c] = s
+        shift[c] = (b - np.float64(mean[c])) * s + beta[c]
+
+
+@cpu_kernel(parallel=True)
+def fold_weights(w, scale, out):
+    """``out[co, ...] = w[co, ...] * scale[co]`` on (CO, rest) views."""
+    for co in prange(w.shape[0]):
+        s = scale[co]
+        for i in range(w.shape[1]):
+            out[co, i] = w[co, i] * s
