@@ -1,9 +1,606 @@
-"""Int8 quantization: ``QTensor`` (int8/uint8 values with per-tensor or
-per-channel scale and zero point), quantize / dequantize with ONNX
-QuantizeLinear semantics, calibration observers, and int8 kernels with int32
-accumulation. Kernels live in ``quant/cpu.py`` and ``quant/cuda.py`` beside
-this public module."""
+"""Int8 quantization: quantized tensors, calibration and int8 operators.
 
-from .qtensor import QTensor, qrange
+A :class:`QTensor` holds int8 or uint8 values with the affine map back to
+reals, ``x = (q - zero_point) * scale``, per tensor or per channel along an
+axis. Semantics follow ONNX (QuantizeLinear, DequantizeLinear, MatMulInteger,
+QLinearMatMul, QLinearConv) and PyTorch's quantized tensors, so that a model
+quantized elsewhere reproduces exactly.
 
-__all__ = ["QTensor", "qrange"]
+* :func:`quantize_per_tensor`, :func:`quantize_per_channel`,
+  :func:`dequantize`: ONNX QuantizeLinear / DequantizeLinear, bit for bit
+  (division by the scale in the input's precision, round half to even,
+  saturation to the type's range).
+* Observers (:mod:`nbops.quant.observers`) record value ranges on
+  calibration data and give (scale, zero_point) by PyTorch's formulas.
+* Operators on QTensors, CPU and CUDA: :func:`add`, :func:`add_relu`,
+  :func:`relu`, :func:`max_pool2d`, :func:`adaptive_avg_pool2d`,
+  :func:`global_avg_pool2d`, and the int8 GEMM family from
+  :mod:`nbops.quant.linear` (``matmul_integer``, ``matmul``, ``linear``,
+  ``conv2d``).
+* Models (:mod:`nbops.quant.model`): :func:`quantize_dynamic`, and
+  :func:`prepare` / calibration / :func:`convert` for static quantization.
+
+Requantization (``requant=``): operators that change scale rescale their
+integer sums either the way integer-only inference engines do,
+``"fixed"`` (default: a 32-bit fixed-point multiplier and a power-of-two
+shift computed once on the host, gemmlowp's rounding; see
+:mod:`nbops.quant._requant`), or ``"float"`` (``round_half_even(acc * real)``
+in float64, the ONNX reference formula). The two agree within one
+quantization step and usually exactly.
+
+Kernels live in ``quant/cpu.py`` and ``quant/cuda.py`` beside this module.
+"""
+
+import numbers
+
+import numpy as np
+
+from .. import _checks, _dispatch
+from .._dispatch import CPU, CUDA, operator
+from ._requant import quantize_multiplier
+from .qtensor import QTYPES, QTensor, qrange
+from .qtensor import _check_channel_scales, _check_channel_zero_points
+from .qtensor import _check_scalar_scale, _check_scalar_zero_point
+
+__all__ = [
+    "QTensor", "qrange", "quantize_per_tensor", "quantize_per_channel", "dequantize",
+    "add", "add_relu", "relu", "max_pool2d", "adaptive_avg_pool2d", "global_avg_pool2d",
+    "REQUANT_MODES",
+]
+
+for _k in ("quantize", "dequantize", "add", "relu", "max_pool2d", "adaptive_avg_pool2d"):
+    _dispatch.register_kernel("quant." + _k, CPU, f"nbops.quant.cpu:{_k}")
+    _dispatch.register_kernel("quant." + _k, CUDA, f"nbops.quant.cuda:{_k}")
+del _k
+
+#: Values of the ``requant=`` argument.
+REQUANT_MODES = ("fixed", "float")
+
+_FLOATS = _checks.FLOAT_DTYPES
+_QDTYPES = tuple(QTYPES)
+
+
+# ---------------------------------------------------------------------------
+# Quantize / dequantize
+
+
+@operator("quant.quantize_per_tensor")
+def quantize_per_tensor(x, scale, zero_point, dtype, out=None):
+    """Quantize a float array with one scale and zero point (ONNX QuantizeLinear).
+
+    ``q = saturate(round_half_even(x / scale) + zero_point)``, the division
+    done in x's precision (a float32 ``x`` divides by ``float32(scale)``),
+    saturating to [-128, 127] (int8) or [0, 255] (uint8). NaN maps to the
+    zero point. Bit for bit ONNX's QuantizeLinear.
+
+    Parameters
+    ----------
+    x : ndarray or device array, float32 or float64, any shape
+        Strided input is copied to a contiguous one first on the CPU; device
+        arrays must be C-contiguous.
+    scale : float > 0, finite
+    zero_point : int within the range of ``dtype``
+    dtype : numpy.int8 or numpy.uint8
+    out : int8/uint8 C-contiguous array of x's shape on x's device, optional
+        Receives the values (the returned QTensor wraps it).
+
+    Returns
+    -------
+    QTensor, per tensor, on x's device.
+
+    Raises
+    ------
+    TypeError
+        x is not a float32/float64 array (a QTensor is already quantized),
+        dtype is not int8/uint8, ``out`` has the wrong dtype or device.
+    ValueError
+        scale <= 0 or not finite, zero_point outside dtype's range, ``out``
+        of the wrong shape.
+
+    Example
+    -------
+    >>> q = nbops.quant.quantize_per_tensor(np.array([0.5, 1.5, -9.0], np.float32),
+    ...                                     scale=1.0, zero_point=0, dtype=np.int8)
+    >>> q.int_repr()                        # ties to even
+    array([ 0,  2, -9], dtype=int8)
+    """
+    op = "quantize_per_tensor"
+    x = _float_input(op, "x", x)
+    qdtype = _qdtype(op, dtype)
+    qmin, qmax = QTYPES[qdtype]
+    scale = _check_scalar_scale(op, "scale", scale)
+    zero_point = _check_scalar_zero_point(op, "zero_point", zero_point, qmin, qmax, qdtype)
+    dev = _dispatch.resolve_device(op, x=x, out=out)
+    x = _contiguous(op, "x", x, dev)
+    out = _checks.output(op, out, x.shape, qdtype, dev, {"x": x})
+    _dispatch.kernel("quant.quantize", dev)(
+        x, np.array([scale], x.dtype), np.array([zero_point], np.int32), qmin, qmax, out, 1)
+    return QTensor(out, scale, zero_point)
+
+
+@operator("quant.quantize_per_channel")
+def quantize_per_channel(x, scales, zero_points, axis, dtype, out=None):
+    """Quantize a float array with one scale and zero point per slice along
+    ``axis`` (ONNX QuantizeLinear with a 1-D scale and ``axis``).
+
+    ``q[..., c, ...] = saturate(round_half_even(x[..., c, ...] / scales[c])
+    + zero_points[c])``. Scales are stored and applied as float32 (the ONNX
+    scale type), cast to x's dtype for the division.
+
+    Parameters
+    ----------
+    x : ndarray or device array, float32 or float64, at least 1-D
+    scales : 1-D float array of length ``x.shape[axis]``, each > 0 and finite
+    zero_points : 1-D int array of the same length, within ``dtype``'s range
+    axis : int, the channel axis (negative counts from the end)
+    dtype : numpy.int8 or numpy.uint8
+    out : int8/uint8 C-contiguous array of x's shape on x's device, optional
+
+    Returns
+    -------
+    QTensor, per channel along ``axis``, on x's device.
+
+    Raises
+    ------
+    TypeError
+        x is not a float32/float64 array, dtype is not int8/uint8, scales or
+        zero points are scalars or of a non-numeric type.
+    ValueError
+        axis out of range, scales/zero_points not of length ``x.shape[axis]``,
+        a scale <= 0 or not finite, a zero point outside the type's range.
+
+    Example
+    -------
+    >>> w = np.array([[1.0, -2.0], [0.1, 0.3]], np.float32)
+    >>> q = nbops.quant.quantize_per_channel(w, [0.02, 0.01], [0, 0], axis=0,
+    ...                                      dtype=np.int8)
+    >>> q.int_repr()
+    array([[  50, -100],
+           [  10,   30]], dtype=int8)
+    """
+    op = "quantize_per_channel"
+    x = _float_input(op, "x", x)
+    qdtype = _qdtype(op, dtype)
+    qmin, qmax = QTYPES[qdtype]
+    if len(x.shape) == 0:
+        raise ValueError(f"{op}: argument 'x' must have at least one dimension for "
+                         "per-channel quantization, got a 0-d array")
+    axis = _checks.axis(op, "axis", axis, len(x.shape))
+    channels = x.shape[axis]
+    scales = _check_channel_scales(op, "scales", scales, channels)
+    zero_points = _check_channel_zero_points(op, "zero_points", zero_points, channels,
+                                             qmin, qmax, qdtype)
+    dev = _dispatch.resolve_device(op, x=x, out=out)
+    x = _contiguous(op, "x", x, dev)
+    out = _checks.output(op, out, x.shape, qdtype, dev, {"x": x})
+    if channels:
+        _dispatch.kernel("quant.quantize", dev)(
+            x, scales.astype(x.dtype), zero_points, qmin, qmax, out, _inner(x.shape, axis))
+    return QTensor(out, scales, zero_points, axis=axis)
+
+
+@operator("quant.dequantize")
+def dequantize(q, dtype=np.float32, out=None):
+    """Real values of a quantized tensor (ONNX DequantizeLinear).
+
+    ``x = (q - zero_point) * scale``: the difference is exact in int32, the
+    product rounds once in ``dtype`` (the scale cast to ``dtype``), so the
+    result is within half an ulp of the exact real and within one
+    quantization step of whatever was quantized (unless it saturated).
+
+    Parameters
+    ----------
+    q : QTensor, per tensor or per channel, on the CPU or a CUDA device
+    dtype : numpy.float32 (default) or numpy.float64
+    out : float array of q's shape, ``dtype`` and device, optional
+
+    Returns
+    -------
+    ndarray or device array of q's shape, on q's device.
+
+    Raises
+    ------
+    TypeError
+        q is not a QTensor (a float array is not quantized; a raw int8 array
+        has no scale: wrap it in ``QTensor(values, scale, zero_point)``),
+        dtype is not float32/float64, ``out`` has the wrong dtype or device.
+    ValueError
+        ``out`` has the wrong shape or is not C-contiguous.
+
+    Example
+    -------
+    >>> q = nbops.quant.QTensor(np.array([0, 10, 255], np.uint8), 0.5, 10)
+    >>> nbops.quant.dequantize(q)
+    array([ -5. ,   0. , 122.5], dtype=float32)
+    """
+    op = "dequantize"
+    q = _qtensor(op, "q", q)
+    fdtype = np.dtype(dtype) if _is_dtype(dtype) else None
+    if fdtype not in _FLOATS:
+        raise TypeError(f"{op}: argument 'dtype' must be float32 or float64, got {dtype!r}")
+    dev = q.device
+    values = _contiguous(op, "q", q.values, dev)
+    out = _checks.output(op, out, q.shape, fdtype, dev, {"q": values})
+    if q.axis is None:
+        scales, zps, inner = np.array([q.scale], fdtype), np.array([q.zero_point], np.int32), 1
+    else:
+        scales, zps, inner = q.scale.astype(fdtype), q.zero_point, _inner(q.shape, q.axis)
+    if scales.size:
+        _dispatch.kernel("quant.dequantize", dev)(values, scales, zps, out, inner)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Elementwise operators
+
+
+@operator("quant.add")
+def add(qa, qb, scale, zero_point, requant="fixed"):
+    """Quantized ``a + b``, requantized to the output's (scale, zero_point).
+
+    With real inputs ``a = (qa - za) * sa`` and ``b = (qb - zb) * sb``, the
+    result is ``q = saturate(round((a + b) / scale) + zero_point)`` in
+    integer arithmetic:
+
+    * ``requant="fixed"`` (default), the integer-only formula of TFLite and
+      XNNPACK: ``(qa - za)`` and ``(qb - zb)`` shifted left by 20 bits, each
+      multiplied by ``s / (2 max(sa, sb))`` in fixed point, summed, and the
+      sum requantized by ``2 max(sa, sb) / (2**20 scale)`` (gemmlowp
+      rounding, :func:`nbops.quant._requant.requantize`);
+    * ``requant="float"``: ``round_half_even((qa - za) * (sa / scale) +
+      (qb - zb) * (sb / scale)) + zero_point`` in float64.
+
+    Both are within one step of the exact real result.
+
+    Parameters
+    ----------
+    qa, qb : QTensor, per tensor, same shape, same dtype (int8 or uint8), same device
+    scale : float > 0, output scale
+    zero_point : int in the dtype's range, output zero point
+    requant : "fixed" or "float"
+
+    Returns
+    -------
+    QTensor of qa's shape and dtype with the given (scale, zero_point).
+
+    Raises
+    ------
+    TypeError
+        qa or qb is not a QTensor (float arrays must be quantized first), the
+        two have different dtypes, or are on different devices.
+    ValueError
+        Different shapes, a per-channel input, scale <= 0 or not finite,
+        zero_point out of range, an unknown ``requant``.
+
+    Example
+    -------
+    >>> qa = nbops.quant.quantize_per_tensor(np.array([1.0, -2.0], np.float32), 0.1, 0, np.int8)
+    >>> qb = nbops.quant.quantize_per_tensor(np.array([0.5, 0.5], np.float32), 0.05, 0, np.int8)
+    >>> nbops.quant.add(qa, qb, 0.1, 0).dequantize()
+    array([ 1.5, -1.5], dtype=float32)
+    """
+    return _add("add", qa, qb, scale, zero_point, requant, relu=False)
+
+
+@operator("quant.add_relu")
+def add_relu(qa, qb, scale, zero_point, requant="fixed"):
+    """Quantized ``relu(a + b)``: :func:`add` with the lower clamp raised to
+    the output zero point (real 0), in the same pass.
+
+    Parameters, returns and errors as :func:`add`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`add`.
+
+    Example
+    -------
+    >>> qa = nbops.quant.quantize_per_tensor(np.array([1.0, -2.0], np.float32), 0.1, 0, np.int8)
+    >>> nbops.quant.add_relu(qa, qa, 0.1, 0).dequantize()
+    array([2., 0.], dtype=float32)
+    """
+    return _add("add_relu", qa, qb, scale, zero_point, requant, relu=True)
+
+
+def _add(op, qa, qb, scale, zero_point, requant, relu):
+    qa = _qtensor(op, "qa", qa, per_tensor=True)
+    qb = _qtensor(op, "qb", qb, per_tensor=True)
+    if qa.dtype != qb.dtype:
+        raise TypeError(f"{op}: 'qa' is {qa.dtype} but 'qb' is {qb.dtype}; requantize one "
+                        "of them so that both have one dtype")
+    if qa.shape != qb.shape:
+        raise ValueError(f"{op}: 'qa' and 'qb' must have one shape, got {qa.shape} and "
+                         f"{qb.shape}")
+    _checks.choice(op, "requant", requant, REQUANT_MODES)
+    qmin, qmax = QTYPES[qa.dtype]
+    so = _check_scalar_scale(op, "scale", scale)
+    zo = _check_scalar_zero_point(op, "zero_point", zero_point, qmin, qmax, qa.dtype)
+    dev = _dispatch.resolve_device(op, qa=qa.values, qb=qb.values)
+    a = _contiguous(op, "qa", qa.values, dev)
+    b = _contiguous(op, "qb", qb.values, dev)
+    out = _checks.empty(qa.shape, qa.dtype, dev)
+    sa, sb = qa.scale, qb.scale
+    twice_max = 2.0 * max(sa, sb)
+    ma, sha = quantize_multiplier(sa / twice_max)
+    mb, shb = quantize_multiplier(sb / twice_max)
+    mo, sho = quantize_multiplier(twice_max / ((1 << 20) * so))
+    lo = max(qmin, zo) if relu else qmin
+    iparams = np.array([qa.zero_point, qb.zero_point, zo, lo, qmax, ma, sha, mb, shb, mo, sho],
+                       np.int64)
+    fparams = np.array([sa / so, sb / so], np.float64)
+    _dispatch.kernel("quant.add", dev)(a, b, out, iparams, fparams, requant == "fixed")
+    return QTensor(out, so, zo)
+
+
+@operator("quant.relu")
+def relu(q):
+    """Quantized relu: ``max(q, zero_point)`` with q's own parameters (real 0
+    is the zero point; no requantization).
+
+    Parameters
+    ----------
+    q : QTensor, per tensor, int8 or uint8, any shape, CPU or CUDA
+
+    Returns
+    -------
+    QTensor of q's shape, dtype, scale and zero point.
+
+    Raises
+    ------
+    TypeError
+        q is not a QTensor (for float arrays use ``nbops.relu``).
+    ValueError
+        q is quantized per channel.
+
+    Example
+    -------
+    >>> q = nbops.quant.QTensor(np.array([3, 10, 20], np.uint8), 0.1, 10)
+    >>> nbops.quant.relu(q).int_repr()
+    array([10, 10, 20], dtype=uint8)
+    """
+    op = "quant.relu"
+    q = _qtensor(op, "q", q, per_tensor=True)
+    values = _contiguous(op, "q", q.values, q.device)
+    out = _checks.empty(q.shape, q.dtype, q.device)
+    _dispatch.kernel("quant.relu", q.device)(values, q.zero_point, out)
+    return q._with_values(out)
+
+
+# ---------------------------------------------------------------------------
+# Pooling
+
+
+@operator("quant.max_pool2d")
+def max_pool2d(q, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """2-D max pooling of a quantized NCHW tensor, on the integers directly
+    (the affine map is increasing, so the max commutes with it); the output
+    keeps q's scale and zero point. Same window rules as ``torch.nn.MaxPool2d``.
+
+    Parameters
+    ----------
+    q : QTensor, per tensor, int8 or uint8, shape (N, C, H, W), CPU or CUDA
+    kernel_size : int or (int, int), >= 1
+    stride : int or (int, int), >= 1; defaults to kernel_size
+    padding : int or (int, int), >= 0 and at most half the kernel size
+    dilation : int or (int, int), >= 1
+    ceil_mode : bool, round the output size up (a window must still start
+        inside the input or its left padding)
+
+    Returns
+    -------
+    QTensor of shape (N, C, OH, OW), q's dtype and parameters.
+
+    Raises
+    ------
+    TypeError
+        q is not a QTensor, a size is not an int.
+    ValueError
+        q is not 4-D or per channel, a size is out of range, the output
+        would be empty.
+
+    Example
+    -------
+    >>> q = nbops.quant.QTensor(np.arange(16, dtype=np.int8).reshape(1, 1, 4, 4), 0.1, 0)
+    >>> nbops.quant.max_pool2d(q, 2).int_repr()[0, 0]
+    array([[ 5,  7],
+           [13, 15]], dtype=int8)
+    """
+    op = "quant.max_pool2d"
+    q = _qtensor(op, "q", q, per_tensor=True)
+    _need_nchw(op, q)
+    kh, kw = _pair(op, "kernel_size", kernel_size, 1)
+    sh, sw = (kh, kw) if stride is None else _pair(op, "stride", stride, 1)
+    ph, pw = _pair(op, "padding", padding, 0)
+    dh, dw = _pair(op, "dilation", dilation, 1)
+    if ph > kh // 2 or pw > kw // 2:
+        raise ValueError(f"{op}: 'padding' must be at most half the kernel size "
+                         f"({kh // 2}, {kw // 2}), got ({ph}, {pw})")
+    n, c, h, w = q.shape
+    oh = _pool_out(h, kh, sh, ph, dh, ceil_mode)
+    ow = _pool_out(w, kw, sw, pw, dw, ceil_mode)
+    if oh <= 0 or ow <= 0:
+        raise ValueError(f"{op}: the window ({kh}x{kw}, dilation {dh}x{dw}) does not fit "
+                         f"the padded input {h}x{w}")
+    values = _contiguous(op, "q", q.values, q.device)
+    out = _checks.empty((n, c, oh, ow), q.dtype, q.device)
+    _dispatch.kernel("quant.max_pool2d", q.device)(values, out, kh, kw, sh, sw, ph, pw, dh, dw)
+    return q._with_values(out)
+
+
+@operator("quant.adaptive_avg_pool2d")
+def adaptive_avg_pool2d(q, output_size, scale=None, zero_point=None, requant="fixed"):
+    """Adaptive average pooling of a quantized NCHW tensor (PyTorch's windows:
+    rows ``floor(i H / OH)`` to ``ceil((i + 1) H / OH)``), summed in int32
+    and requantized to (scale, zero_point), by default q's own.
+
+    Each output is ``saturate(round((sum - n zq) * sq / (n scale)) +
+    zero_point)`` for a window of n elements, with the fixed-point
+    multiplier of ``sq / (n scale)`` (``requant="fixed"``, one per window
+    size) or the float64 product (``"float"``). Windows must hold fewer
+    than 2**23 elements (int32 sum of 8-bit values).
+
+    Parameters
+    ----------
+    q : QTensor, per tensor, int8 or uint8, shape (N, C, H, W), CPU or CUDA
+    output_size : int or (int, int), >= 1
+    scale, zero_point : output parameters; default q's
+    requant : "fixed" or "float"
+
+    Returns
+    -------
+    QTensor of shape (N, C, OH, OW) and q's dtype.
+
+    Raises
+    ------
+    TypeError
+        q is not a QTensor, a size is not an int.
+    ValueError
+        q is not 4-D or per channel, a size < 1, an empty input, a window of
+        2**23 elements or more, bad output parameters, unknown ``requant``.
+
+    Example
+    -------
+    >>> q = nbops.quant.QTensor(np.arange(16, dtype=np.int8).reshape(1, 1, 4, 4), 0.1, 0)
+    >>> nbops.quant.adaptive_avg_pool2d(q, 1).int_repr().ravel()   # 7.5 rounds away
+    array([8], dtype=int8)
+    """
+    op = "quant.adaptive_avg_pool2d"
+    q = _qtensor(op, "q", q, per_tensor=True)
+    _need_nchw(op, q)
+    oh, ow = _pair(op, "output_size", output_size, 1)
+    _checks.choice(op, "requant", requant, REQUANT_MODES)
+    n, c, h, w = q.shape
+    if h == 0 or w == 0:
+        raise ValueError(f"{op}: the input's spatial size is {h}x{w}; nothing to average")
+    qmin, qmax = QTYPES[q.dtype]
+    so = q.scale if scale is None else _check_scalar_scale(op, "scale", scale)
+    zo = q.zero_point if zero_point is None else _check_scalar_zero_point(
+        op, "zero_point", zero_point, qmin, qmax, q.dtype)
+    i, j = np.arange(oh), np.arange(ow)
+    rows = -((-(i + 1) * h) // oh) - (i * h) // oh
+    cols = -((-(j + 1) * w) // ow) - (j * w) // ow
+    counts = (rows[:, None] * cols[None, :]).reshape(-1)
+    if counts.max() >= 1 << 23:
+        raise ValueError(f"{op}: windows of {counts.max()} elements could overflow the int32 "
+                         "sum (limit 2**23 - 1); pool in two stages")
+    fscale = q.scale / (so * counts.astype(np.float64))
+    mult, shift = _multipliers(fscale)
+    values = _contiguous(op, "q", q.values, q.device)
+    out = _checks.empty((n, c, oh, ow), q.dtype, q.device)
+    _dispatch.kernel("quant.adaptive_avg_pool2d", q.device)(
+        values, out, q.zero_point, zo, qmin, qmax, mult, shift, fscale, requant == "fixed")
+    return QTensor(out, so, zo)
+
+
+@operator("quant.global_avg_pool2d")
+def global_avg_pool2d(q, scale=None, zero_point=None, requant="fixed"):
+    """Mean over H and W of a quantized NCHW tensor:
+    ``adaptive_avg_pool2d(q, 1, scale, zero_point, requant)``, shape (N, C, 1, 1).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`adaptive_avg_pool2d`.
+
+    Example
+    -------
+    >>> q = nbops.quant.QTensor(np.full((2, 3, 5, 5), 7, np.uint8), 0.1, 2)
+    >>> nbops.quant.global_avg_pool2d(q).int_repr().shape
+    (2, 3, 1, 1)
+    """
+    return adaptive_avg_pool2d.front(q, 1, scale, zero_point, requant)
+
+
+# ---------------------------------------------------------------------------
+# Helpers
+
+
+def _multipliers(reals):
+    pairs = [quantize_multiplier(r) for r in reals]
+    return (np.array([m for m, _ in pairs], np.int32), np.array([s for _, s in pairs], np.int32))
+
+
+def _is_dtype(d):
+    try:
+        np.dtype(d)
+        return True
+    except TypeError:
+        return False
+
+
+def _qdtype(op, dtype):
+    d = np.dtype(dtype) if _is_dtype(dtype) and dtype is not None else None
+    if d not in QTYPES:
+        raise TypeError(f"{op}: argument 'dtype' must be numpy.int8 or numpy.uint8, "
+                        f"got {dtype!r}")
+    return d
+
+
+def _float_input(op, name, x):
+    if isinstance(x, QTensor):
+        raise TypeError(f"{op}: argument '{name}' is already a QTensor; dequantize() it "
+                        "first or pass the float array")
+    if (isinstance(x, np.ndarray) or _dispatch.is_device_array(x)) and x.dtype in _QDTYPES:
+        raise TypeError(f"{op}: argument '{name}' must be a float32 or float64 array, got "
+                        f"{x.dtype} (integers are not quantized by scale; wrap quantized "
+                        "values in QTensor(values, scale, zero_point))")
+    return _checks.array(op, name, x)
+
+
+def _qtensor(op, name, q, per_tensor=False):
+    if not isinstance(q, QTensor):
+        what = _checks.describe(q)
+        hint = ""
+        if getattr(q, "dtype", None) is not None:
+            hint = ("; quantize float data with quantize_per_tensor()" if q.dtype.kind == "f"
+                    else "; wrap raw integers in QTensor(values, scale, zero_point)")
+        raise TypeError(f"{op}: argument '{name}' must be a QTensor, got {what}{hint}")
+    if per_tensor and q.axis is not None:
+        raise ValueError(f"{op}: argument '{name}' is quantized per channel (axis {q.axis}); "
+                         "this operator needs per-tensor quantization")
+    return q
+
+
+def _contiguous(op, name, x, dev):
+    if dev == CPU:
+        return np.ascontiguousarray(x)
+    from .._layout import is_c_contiguous
+
+    if not is_c_contiguous(x):
+        raise ValueError(f"{op}: device array '{name}' must be C-contiguous, got strides "
+                         f"{tuple(x.strides)}; copy it first")
+    return x
+
+
+def _inner(shape, axis):
+    return int(np.prod(shape[axis + 1:], dtype=np.int64)) if axis + 1 < len(shape) else 1
+
+
+def _need_nchw(op, q):
+    if q.ndim != 4:
+        raise ValueError(f"{op}: argument 'q' must be 4-D (N, C, H, W), got shape {q.shape}")
+
+
+def _pair(op, name, value, low):
+    vals = value if isinstance(value, (tuple, list)) else (value, value)
+    if len(vals) != 2:
+        raise ValueError(f"{op}: '{name}' must be an int or a pair of ints, got {value!r}")
+    out = []
+    for v in vals:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"{op}: '{name}' must be an int or a pair of ints, got {value!r}")
+        if v < low:
+            raise ValueError(f"{op}: '{name}' must be >= {low}, got {value!r}")
+        out.append(int(v))
+    return tuple(out)
+
+
+def _pool_out(size, k, s, p, d, ceil_mode):
+    span = size + 2 * p - d * (k - 1) - 1
+    if span < 0:
+        return 0
+    o = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (o - 1) * s >= size + p:
+        o -= 1
+    return o
