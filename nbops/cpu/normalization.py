@@ -1,0 +1,306 @@
+"""CPU kernels of batch norm, layer norm and RMS norm.
+
+Two families, each one parametrised kernel set:
+
+* **rows** (layer norm, RMS norm): ``x`` as a C-contiguous (rows, d)
+  matrix, one row per ``prange`` item. A row (3 KiB at d = 768 float32)
+  stays in L1 while it is read three times: the sum, the sum of squared
+  deviations from that mean (two passes: exact for any offset, unlike
+  ``E[x^2] - E[x]^2``), and the normalised write. RMS norm is the same
+  kernel with ``centered`` False (mean taken as 0, no mean term in the
+  gradient). Statistics accumulate in float64.
+* **channels** (batch norm): ``x`` as a C-contiguous (n, c, s) array (s = 1
+  for 2-D input, L for 3-D, H*W for 4-D). Batch statistics come in one read
+  of ``x``: every (sample range, channel) block computes the mean and
+  squared deviation of each of its (n, c) planes by two passes over the
+  plane in cache and folds them into a running (count, mean, M2) with
+  Chan's parallel-variance merge; the blocks' partials are then merged the
+  same way per channel. Normalisation and the gradient are per-plane loops
+  with per-channel coefficients.
+
+Entry points take preallocated outputs and return nothing interesting;
+weights and biases always come as arrays (ones and zeros stand in for
+missing ones), so each kernel has one signature per dtype.
+"""
+
+import math
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from .._jit import FASTMATH, FASTMATH_REDUCE, cpu_kernel
+
+__all__ = ["norm_rows", "norm_rows_backward", "batch_norm_stats", "batch_norm_invstd",
+           "batch_norm_forward", "batch_norm_backward"]
+
+#: Elements a block of the channel reductions should hold at least, so that
+#: thread start-up and the partials' merge stay small beside the work.
+MIN_BLOCK = 4096
+
+
+# ---------------------------------------------------------------------------
+# Rows: layer norm and RMS norm
+
+
+def norm_rows(x, w, b, eps, centered, out):
+    """``out[r] = (x[r] - mean_r) * rstd_r * w + b`` for a (rows, d) ``x``;
+    ``mean_r`` is 0 when not ``centered`` (RMS norm)."""
+    if x.shape[0] and x.shape[1]:
+        _rows_forward(x, w, b, float(eps), bool(centered), out)
+    return out
+
+
+def norm_rows_backward(x, g, w, eps, centered, dx, dw, db):
+    """Gradients of :func:`norm_rows` for upstream ``g``: ``dx`` (rows, d),
+    and the column sums ``dw`` = sum_r g * xhat, ``db`` = sum_r g (d,)."""
+    rows, d = x.shape
+    if rows == 0 or d == 0:
+        dw[:] = 0
+        db[:] = 0
+        return dx
+    chunks = max(1, min(rows, 2 * numba.get_num_threads()))
+    pw = np.zeros((chunks, d))
+    pb = np.zeros((chunks, d))
+    _rows_backward(x, g, w, float(eps), bool(centered), dx, pw, pb)
+    dw[:] = pw.sum(axis=0)
+    db[:] = pb.sum(axis=0)
+    return dx
+
+
+@njit(inline="always")
+def _row_stats(xr, eps, centered):
+    # IR-inlined into each kernel, which compiles it with its own fastmath
+    # flags (reassoc: vector partial sums, the order is within tolerance)
+    d = xr.size
+    mean = 0.0
+    if centered:
+        s = 0.0
+        for j in range(d):
+            s += xr[j]
+        mean = s / d
+    q = 0.0
+    for j in range(d):
+        t = xr[j] - mean
+        q += t * t
+    return mean, 1.0 / math.sqrt(q / d + eps)
+
+
+@cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
+def _rows_forward(x, w, b, eps, centered, out):
+    rows, d = x.shape
+    for r in prange(rows):
+        xr = x[r]
+        o = out[r]
+        mean, rstd = _row_stats(xr, eps, centered)
+        for j in range(d):
+            o[j] = (xr[j] - mean) * rstd * w[j] + b[j]
+
+
+@cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
+def _rows_backward(x, g, w, eps, centered, dx, pw, pb):
+    rows, d = x.shape
+    chunks = pw.shape[0]
+    for c in prange(chunks):
+        cw = pw[c]
+        cb = pb[c]
+        for r in range(c * rows // chunks, (c + 1) * rows // chunks):
+            xr = x[r]
+            gr = g[r]
+            dr = dx[r]
+            mean, rstd = _row_stats(xr, eps, centered)
+            sg = 0.0
+            sgx = 0.0
+            for j in range(d):
+                xh = (xr[j] - mean) * rstd
+                gy = gr[j] * w[j]
+                sg += gy
+                sgx += gy * xh
+                cw[j] += gr[j] * xh
+                cb[j] += gr[j]
+            a = sg / d if centered else 0.0
+            k = sgx / d
+            for j in range(d):
+                dr[j] = rstd * (gr[j] * w[j] - a - (xr[j] - mean) * rstd * k)
+
+
+# ---------------------------------------------------------------------------
+# Channels: batch norm
+
+
+def _splits(n, c, s):
+    """Sample ranges per channel in the reductions: enough blocks to keep
+    every thread busy when channels are few, none smaller than MIN_BLOCK
+    elements (unless a whole channel is smaller)."""
+    want = -(-8 * numba.get_num_threads() // max(c, 1))
+    return max(1, min(n, want, max(1, n * s // MIN_BLOCK)))
+
+
+def batch_norm_stats(x, eps, mean, invstd, running_mean, running_var, momentum, update):
+    """Batch mean and ``1 / sqrt(var + eps)`` (biased variance) per channel of
+    an (n, c, s) ``x``; when ``update``, also ``running = (1 - momentum) *
+    running + momentum * batch`` with the unbiased variance, in place."""
+    n, c, s = x.shape
+    nsplit = _splits(n, c, s)
+    m64 = np.empty(c)
+    v64 = np.empty(c)
+    _channel_stats(x, nsplit, m64, v64)
+    mean[:] = m64
+    invstd[:] = 1.0 / np.sqrt(v64 + eps)
+    if update:
+        count = n * s
+        unbiased = v64 * (count / (count - 1))
+        running_mean[:] = (1.0 - momentum) * running_mean + momentum * m64
+        running_var[:] = (1.0 - momentum) * running_var + momentum * unbiased
+
+
+def batch_norm_invstd(var, eps, invstd):
+    """``invstd = 1 / sqrt(var + eps)`` per channel (evaluation mode)."""
+    invstd[:] = 1.0 / np.sqrt(var.astype(np.float64) + eps)
+
+
+def batch_norm_forward(x, mean, invstd, weight, bias, out):
+    """``out = (x - mean[c]) * invstd[c] * weight[c] + bias[c]``, (n, c, s)."""
+    if x.size:
+        _channel_affine(x, mean, (invstd * weight).astype(x.dtype), bias, out)
+    return out
+
+
+def batch_norm_backward(x, g, mean, invstd, weight, training, dx, dweight, dbias):
+    """Gradients of batch norm for upstream ``g`` (n, c, s): ``dx``, and the
+    per-channel ``dweight`` = sum g * xhat and ``dbias`` = sum g. In
+    training the statistics are the batch's (``mean``, ``invstd`` from
+    :func:`batch_norm_stats`) and ``dx`` carries their dependence on x:
+    ``dx = w invstd (g - mean(g) - xhat mean(g xhat))``; in evaluation they
+    are constants and ``dx = w invstd g``."""
+    n, c, s = x.shape
+    if x.size == 0:
+        dweight[:] = 0
+        dbias[:] = 0
+        return dx
+    sg = np.empty(c)
+    sgx = np.empty(c)
+    _channel_grad_sums(x, g, mean, _splits(n, c, s), sg, sgx)
+    inv = invstd.astype(np.float64)
+    w = weight.astype(np.float64)
+    alpha = w * inv
+    if training:
+        count = n * s
+        beta = -alpha * inv * inv * sgx / count
+        gamma = -alpha * sg / count
+    else:
+        beta = np.zeros(c)
+        gamma = np.zeros(c)
+    dweight[:] = sgx * inv
+    dbias[:] = sg
+    t = x.dtype
+    _channel_dx(x, g, mean, alpha.astype(t), beta.astype(t), gamma.astype(t), dx)
+    return dx
+
+
+@cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
+def _channel_stats(x, nsplit, mean, var):
+    n, c, s = x.shape
+    cnt = np.empty((nsplit, c))
+    mu = np.empty((nsplit, c))
+    m2 = np.empty((nsplit, c))
+    for blk in prange(nsplit * c):
+        k = blk // c
+        ch = blk - k * c
+        bc = 0.0
+        bm = 0.0
+        bq = 0.0
+        for i in range(k * n // nsplit, (k + 1) * n // nsplit):
+            p = x[i, ch]
+            t = 0.0
+            for j in range(s):
+                t += p[j]
+            pm = t / s
+            q = 0.0
+            for j in range(s):
+                e = p[j] - pm
+                q += e * e
+            bc, bm, bq = _chan_merge(bc, bm, bq, float(s), pm, q)
+        cnt[k, ch] = bc
+        mu[k, ch] = bm
+        m2[k, ch] = bq
+    for ch in prange(c):
+        bc = 0.0
+        bm = 0.0
+        bq = 0.0
+        for k in range(nsplit):
+            bc, bm, bq = _chan_merge(bc, bm, bq, cnt[k, ch], mu[k, ch], m2[k, ch])
+        mean[ch] = bm
+        var[ch] = bq / bc
+
+
+@njit(inline="always")
+def _chan_merge(na, ma, qa, nb, mb, qb):
+    # Chan, Golub and LeVeque's pairwise update: (count, mean, M2) of the
+    # union of two sets, without the cancellation of sum(x^2) - n mean^2
+    if nb == 0.0:
+        return na, ma, qa
+    n = na + nb
+    delta = mb - ma
+    return n, ma + delta * (nb / n), qa + qb + delta * delta * (na * nb / n)
+
+
+@cpu_kernel(parallel=True, fastmath=FASTMATH)
+def _channel_affine(x, mean, scale, bias, out):
+    n, c, s = x.shape
+    for p in prange(n * c):
+        i = p // c
+        ch = p - i * c
+        m = mean[ch]
+        k = scale[ch]
+        b = bias[ch]
+        xp = x[i, ch]
+        op = out[i, ch]
+        for j in range(s):
+            op[j] = (xp[j] - m) * k + b
+
+
+@cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
+def _channel_grad_sums(x, g, mean, nsplit, sg, sgx):
+    n, c, s = x.shape
+    pg = np.empty((nsplit, c))
+    pgx = np.empty((nsplit, c))
+    for blk in prange(nsplit * c):
+        k = blk // c
+        ch = blk - k * c
+        m = mean[ch]
+        a = 0.0
+        b = 0.0
+        for i in range(k * n // nsplit, (k + 1) * n // nsplit):
+            xp = x[i, ch]
+            gp = g[i, ch]
+            for j in range(s):
+                a += gp[j]
+                b += gp[j] * (xp[j] - m)
+        pg[k, ch] = a
+        pgx[k, ch] = b
+    for ch in prange(c):
+        a = 0.0
+        b = 0.0
+        for k in range(nsplit):
+            a += pg[k, ch]
+            b += pgx[k, ch]
+        sg[ch] = a
+        sgx[ch] = b
+
+
+@cpu_kernel(parallel=True, fastmath=FASTMATH)
+def _channel_dx(x, g, mean, alpha, beta, gamma, dx):
+    n, c, s = x.shape
+    for p in prange(n * c):
+        i = p // c
+        ch = p - i * c
+        m = mean[ch]
+        a = alpha[ch]
+        b = beta[ch]
+        e = gamma[ch]
+        xp = x[i, ch]
+        gp = g[i, ch]
+        dp = dx[i, ch]
+        for j in range(s):
+            dp[j] = gp[j] * a + (xp[j] - m) * b + e

@@ -1,0 +1,260 @@
+"""Normalization layers: BatchNorm1d, BatchNorm2d, LayerNorm and RMSNorm, with
+PyTorch's attribute names and semantics.
+
+Batch norm's running statistics are *buffers*, not parameters: plain arrays
+(``running_mean``, ``running_var``, the int64 counter
+``num_batches_tracked``) that no optimizer sees. :class:`Module` has no
+buffer registry yet, so each batch-norm layer adds its buffers to its own
+``state_dict()``/``load_state_dict()`` and moves them with its parameters
+(``to()`` on the layer, or lazily to the weights' device after ``to()`` on
+a parent model).
+"""
+
+import numbers
+
+import numpy as np
+
+from .. import _dispatch, normalization
+from .layers import _dtype, _operands
+from .module import Module, Parameter
+
+__all__ = ["BatchNorm1d", "BatchNorm2d", "LayerNorm", "RMSNorm"]
+
+_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+class _BatchNorm(Module):
+    _ranks = ()
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
+                 track_running_stats=True, dtype=np.float32):
+        super().__init__()
+        name = type(self).__name__
+        if isinstance(num_features, bool) or not isinstance(num_features, numbers.Integral) \
+                or num_features < 1:
+            raise ValueError(f"{name}: num_features must be a positive int, got "
+                             f"{num_features!r}")
+        if momentum is not None and not (isinstance(momentum, numbers.Real)
+                                         and 0.0 <= momentum <= 1.0):
+            raise ValueError(f"{name}: momentum must be in [0, 1] or None (cumulative "
+                             f"average), got {momentum!r}")
+        if not isinstance(eps, numbers.Real) or not eps >= 0:
+            raise ValueError(f"{name}: eps must be a real number >= 0, got {eps!r}")
+        dtype = _dtype(name, dtype)
+        self.num_features = int(num_features)
+        self.eps = float(eps)
+        self.momentum = None if momentum is None else float(momentum)
+        self.affine = bool(affine)
+        self.track_running_stats = bool(track_running_stats)
+        c = self.num_features
+        self.weight = Parameter(np.ones(c, dtype)) if affine else None
+        self.bias = Parameter(np.zeros(c, dtype)) if affine else None
+        if self.track_running_stats:
+            self.running_mean = np.zeros(c, dtype)
+            self.running_var = np.ones(c, dtype)
+            self.num_batches_tracked = np.zeros((), np.int64)
+        else:
+            self.running_mean = self.running_var = self.num_batches_tracked = None
+
+    def reset_running_stats(self):
+        if self.track_running_stats:
+            self._sync_buffers()
+            dev = _dispatch.device_of_array(self.running_mean)
+            fresh = (np.zeros(self.num_features, self.running_mean.dtype),
+                     np.ones(self.num_features, self.running_var.dtype))
+            self.running_mean, self.running_var = (
+                a if dev == _dispatch.CPU else _dispatch.to_device(a) for a in fresh)
+            self.num_batches_tracked = np.zeros((), np.int64)
+
+    def forward(self, x):
+        name = type(self).__name__
+        ndim = len(getattr(x, "shape", ()))
+        if ndim not in self._ranks:
+            raise ValueError(f"{name}: expected a {' or '.join(f'{r}-D' for r in self._ranks)} "
+                             f"input, got shape {tuple(getattr(x, 'shape', ()))}")
+        self._sync_buffers()
+        momentum = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked += 1
+            if self.momentum is None:  # cumulative moving average
+                momentum = 1.0 / float(self.num_batches_tracked)
+        # as PyTorch: batch statistics in training, and also in evaluation
+        # when no running statistics are kept
+        use_batch = self.training or self.running_mean is None
+        keep = not self.training or self.track_running_stats
+        weight, bias = _operands(x, self.weight, self.bias)
+        return normalization.batch_norm(
+            x, self.running_mean if keep else None, self.running_var if keep else None,
+            weight, bias, training=use_batch, momentum=momentum, eps=self.eps)
+
+    def _sync_buffers(self):
+        # Module.to() moves parameters only: follow the weights' device
+        if self.running_mean is None or self.weight is None:
+            return
+        dev = self.weight.device
+        if _dispatch.device_of_array(self.running_mean) != dev:
+            self._move_buffers(dev)
+
+    def _move_buffers(self, device):
+        move = _dispatch.to_device if device == _dispatch.CUDA else _dispatch.to_host
+        if self.running_mean is not None:
+            self.running_mean = move(self.running_mean)
+            self.running_var = move(self.running_var)
+
+    def to(self, device):
+        super().to(device)
+        self._move_buffers(device)
+        return self
+
+    def state_dict(self):
+        """Parameters, then the buffers running_mean, running_var and
+        num_batches_tracked (when tracked), as PyTorch orders them."""
+        state = super().state_dict()
+        if self.track_running_stats:
+            for k in _BUFFERS:
+                state[k] = getattr(self, k)
+        return state
+
+    def load_state_dict(self, state, strict=True):
+        """As :meth:`Module.load_state_dict`, plus the buffers (copied, cast
+        to their dtype, on their device)."""
+        names = _BUFFERS if self.track_running_stats else ()
+        own = {k: state[k] for k in names if k in state}
+        if strict and len(own) != len(names):
+            raise KeyError(f"load_state_dict: {type(self).__name__}: missing keys "
+                           f"{[k for k in names if k not in own]}")
+        for k, v in own.items():
+            host = np.asarray(_dispatch.to_host(v) if _dispatch.is_device_array(v) else v)
+            want = () if k == "num_batches_tracked" else (self.num_features,)
+            if tuple(host.shape) != want:
+                raise ValueError(f"load_state_dict: '{k}' has shape {tuple(host.shape)}, "
+                                 f"expected {want}")
+        missing, unexpected = super().load_state_dict(
+            {k: v for k, v in state.items() if k not in names}, strict=strict)
+        for k, v in own.items():
+            host = np.asarray(_dispatch.to_host(v) if _dispatch.is_device_array(v) else v)
+            cur = getattr(self, k)
+            value = np.array(host, dtype=cur.dtype, copy=True)
+            if _dispatch.device_of_array(cur) == _dispatch.CUDA:
+                value = _dispatch.to_device(value)
+            setattr(self, k, value)
+        return missing, unexpected
+
+    def extra_repr(self):
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+                f"affine={self.affine}, track_running_stats={self.track_running_stats}")
+
+
+class BatchNorm1d(_BatchNorm):
+    """Batch norm over (N, C) or (N, C, L) inputs (``torch.nn.BatchNorm1d``).
+
+    Parameters: ``num_features`` (C), ``eps`` (1e-5), ``momentum`` (0.1, or
+    None for a cumulative average over ``num_batches_tracked`` batches),
+    ``affine`` (learnable ``weight``/``bias``, initialised to 1 and 0),
+    ``track_running_stats``, ``dtype`` (float32 or float64). In training
+    mode (``train()``) it normalises with the batch's statistics and updates
+    ``running_mean``/``running_var`` (unbiased variance); in ``eval()`` mode
+    it uses them. Raises ValueError for bad sizes or input ranks.
+
+    >>> bn = nbops.nn.BatchNorm1d(3)
+    >>> with nbops.no_grad():
+    ...     bn(np.ones((4, 3), np.float32)).shape
+    (4, 3)
+    >>> bn.num_batches_tracked
+    array(1)
+    """
+
+    _ranks = (2, 3)
+
+
+class BatchNorm2d(_BatchNorm):
+    """Batch norm over (N, C, H, W) inputs (``torch.nn.BatchNorm2d``);
+    parameters, attributes and modes as :class:`BatchNorm1d`.
+
+    >>> bn = nbops.nn.BatchNorm2d(8).eval()
+    >>> with nbops.no_grad():
+    ...     bn(np.zeros((2, 8, 4, 4), np.float32)).shape
+    (2, 8, 4, 4)
+    """
+
+    _ranks = (4,)
+
+
+def _shape(name, normalized_shape):
+    if isinstance(normalized_shape, numbers.Integral) and not isinstance(normalized_shape, bool):
+        normalized_shape = (normalized_shape,)
+    try:
+        shape = tuple(int(d) for d in normalized_shape)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: normalized_shape must be an int or a sequence of ints, got "
+                        f"{normalized_shape!r}") from None
+    if not shape or any(d < 1 for d in shape):
+        raise ValueError(f"{name}: normalized_shape must be non-empty with positive sizes, "
+                         f"got {shape}")
+    return shape
+
+
+class LayerNorm(Module):
+    """Layer norm over the trailing ``normalized_shape`` axes
+    (``torch.nn.LayerNorm``): ``weight`` (ones) and ``bias`` (zeros) of that
+    shape when ``elementwise_affine`` (``bias=False`` drops the bias).
+
+    Parameters: ``normalized_shape`` (int or tuple), ``eps`` (1e-5),
+    ``elementwise_affine``, ``bias``, ``dtype``. Raises ValueError for an
+    empty or non-positive shape.
+
+    >>> ln = nbops.nn.LayerNorm(4)
+    >>> with nbops.no_grad():
+    ...     ln(np.arange(8, dtype=np.float32).reshape(2, 4)).round(3)
+    array([[-1.342, -0.447,  0.447,  1.342],
+           [-1.342, -0.447,  0.447,  1.342]], dtype=float32)
+    """
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True,
+                 dtype=np.float32):
+        super().__init__()
+        self.normalized_shape = _shape("LayerNorm", normalized_shape)
+        self.eps = float(eps)
+        self.elementwise_affine = bool(elementwise_affine)
+        dtype = _dtype("LayerNorm", dtype)
+        self.weight = Parameter(np.ones(self.normalized_shape, dtype)) \
+            if elementwise_affine else None
+        self.bias = Parameter(np.zeros(self.normalized_shape, dtype)) \
+            if elementwise_affine and bias else None
+
+    def forward(self, x):
+        weight, bias = _operands(x, self.weight, self.bias)
+        return normalization.layer_norm(x, self.normalized_shape, weight, bias, eps=self.eps)
+
+    def extra_repr(self):
+        return (f"{self.normalized_shape}, eps={self.eps}, "
+                f"elementwise_affine={self.elementwise_affine}")
+
+
+class RMSNorm(Module):
+    """RMS norm over the trailing ``normalized_shape`` axes
+    (``torch.nn.RMSNorm``): ``x / sqrt(mean(x^2) + eps) * weight``, with
+    ``eps=None`` meaning the dtype's machine epsilon.
+
+    >>> rn = nbops.nn.RMSNorm(2)
+    >>> with nbops.no_grad():
+    ...     rn(np.array([[3.0, 4.0]], np.float32)).round(3)
+    array([[0.849, 1.131]], dtype=float32)
+    """
+
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, dtype=np.float32):
+        super().__init__()
+        self.normalized_shape = _shape("RMSNorm", normalized_shape)
+        self.eps = None if eps is None else float(eps)
+        self.elementwise_affine = bool(elementwise_affine)
+        dtype = _dtype("RMSNorm", dtype)
+        self.weight = Parameter(np.ones(self.normalized_shape, dtype)) \
+            if elementwise_affine else None
+
+    def forward(self, x):
+        (weight,) = _operands(x, self.weight)
+        return normalization.rms_norm(x, self.normalized_shape, weight, eps=self.eps)
+
+    def extra_repr(self):
+        return (f"{self.normalized_shape}, eps={self.eps}, "
+                f"elementwise_affine={self.elementwise_affine}")
