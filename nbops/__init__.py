@@ -36,6 +36,7 @@ from .warmup import warmup  # noqa: F401
 from .arith import (  # noqa: F401
     add, sub, mul, div, pow, neg, exp, log, sum, mean, expand, sum_to,
 )
+from .normalization import batch_norm, layer_norm, rms_norm  # noqa: F401,E402
 from .autograd import Tensor, no_grad, enable_grad  # noqa: F401
 from . import autograd, nn, optim  # noqa: F401,E402
 
@@ -49,3 +50,4 @@ __all__ = [
     "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sum", "mean", "expand", "sum_to",
     "Tensor", "no_grad", "enable_grad", "autograd", "nn", "optim",
 ]
+__all__ += ["batch_norm", "layer_norm", "rms_norm"]

@@ -19,3 +19,5 @@ from .spiking import ALIF, LIF, Synaptic, TimeDistributed  # noqa: E402,F401
 __all__ += ["LIF", "Synaptic", "ALIF", "TimeDistributed"]
 from .graph import GraphConv  # noqa: E402,F401
 __all__ += ["GraphConv"]
+from .normalization import BatchNorm1d, BatchNorm2d, LayerNorm, RMSNorm  # noqa: E402,F401
+__all__ += ["BatchNorm1d", "BatchNorm2d", "LayerNorm", "RMSNorm"]
