@@ -1,0 +1,285 @@
+"""CPU kernels of the pooling operators.
+
+Every kernel works on planes: the input as a C-contiguous ``(P, H, W)``
+array (``P = N * C``; a 1-D pool is a 2-D pool with ``H = 1``), the output
+as ``(P, OH, OW)``. Window geometry (kernel, stride, padding, dilation) comes
+in as plain ints, already checked by :mod:`nbops.pooling`.
+
+The forward max and average pools are separable: for each output row the
+``kh`` input rows of its window are combined column by column into a scratch
+row (a unit-stride loop LLVM vectorizes; for max pooling padded on both
+sides with -inf), and each output element then reduces ``kw``
+entries of that row, which sits in L1. Each input element is read from
+memory once per window row it belongs to (with stride >= kernel height,
+once), each output written once. The work is split into one chunk of output
+rows per thread (plus a few spare for balance), each chunk with its own
+scratch row, so nothing is allocated per row.
+
+Max pooling propagates NaN as PyTorch does (``v > m or v != v``). The
+version that also returns argmax indices (flat ``ih * W + iw`` per plane,
+int64) walks each window directly, in PyTorch's order, so ties and NaN pick
+the same index as PyTorch.
+"""
+
+import numpy as np
+from numba import get_num_threads, prange
+from numba.extending import register_jitable
+
+from .._jit import FASTMATH_REDUCE, cpu_kernel
+
+__all__ = ["max_pool2d", "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward",
+           "adaptive_avg_pool2d", "adaptive_avg_pool2d_backward"]
+
+
+def max_pool2d(x, out, indices, kh, kw, sh, sw, ph, pw, dh, dw):
+    """``out`` (and ``indices``, when not None) of a max pool over planes."""
+    if out.size == 0:
+        return out
+    if indices is None:
+        _max_pool_rows(x, out, kh, kw, sh, sw, ph, pw, dh, dw, _chunks(out))
+    else:
+        _max_pool_argmax(x, out, indices, kh, kw, sh, sw, ph, pw, dh, dw)
+    return out
+
+
+def max_pool2d_backward(grad, indices, grad_x):
+    """``grad_x`` (zeroed here) receives each output gradient at its argmax."""
+    _max_pool_scatter(grad, indices, grad_x)
+    return grad_x
+
+
+def avg_pool2d(x, out, kh, kw, sh, sw, ph, pw, include_pad, divisor):
+    """Average pool over planes; ``divisor`` > 0 overrides the window count."""
+    if out.size:
+        _avg_pool_rows(x, out, kh, kw, sh, sw, ph, pw, include_pad, divisor, _chunks(out))
+    return out
+
+
+def avg_pool2d_backward(grad, grad_x, kh, kw, sh, sw, ph, pw, include_pad, divisor):
+    _avg_pool_spread(grad, grad_x, kh, kw, sh, sw, ph, pw, include_pad, divisor)
+    return grad_x
+
+
+def adaptive_avg_pool2d(x, out):
+    if out.size:
+        _adaptive_avg(x, out)
+    return out
+
+
+def adaptive_avg_pool2d_backward(grad, grad_x):
+    _adaptive_avg_spread(grad, grad_x)
+    return grad_x
+
+
+# ---------------------------------------------------------------------------
+# Window geometry shared by the kernels
+
+
+@register_jitable(inline="always")
+def _avg_window(o, s, p, k, size):
+    """``(start, end, padded_count)``: the in-bounds extent of window ``o``
+    and its length counting padding (PyTorch: ends at most ``size + p``)."""
+    start = o * s - p
+    end = min(start + k, size + p)
+    count = end - start
+    return max(start, 0), min(end, size), count
+
+
+@register_jitable(inline="always")
+def _avg_divisor(hcount, wcount, h0, h1, w0, w1, include_pad, divisor):
+    if divisor > 0:
+        return divisor
+    if include_pad:
+        return hcount * wcount
+    return (h1 - h0) * (w1 - w0)
+
+
+@register_jitable(inline="always")
+def _bin(o, out_size, size):
+    """Adaptive pooling's bin ``o``: ``[floor(o*size/out), ceil((o+1)*size/out))``."""
+    return (o * size) // out_size, ((o + 1) * size + out_size - 1) // out_size
+
+
+def _chunks(out):
+    # a few chunks per thread balance uneven rows; passed in, since a kernel
+    # calling get_num_threads() could not be cached
+    items = out.shape[0] * out.shape[1]
+    return max(1, min(items, 4 * get_num_threads()))
+
+
+# ---------------------------------------------------------------------------
+# Forward kernels
+
+
+@cpu_kernel(parallel=True)
+def _max_pool_rows(x, out, kh, kw, sh, sw, ph, pw, dh, dw, nchunk):
+    planes, h, w = x.shape
+    oh_n, ow_n = out.shape[1], out.shape[2]
+    # scratch column t holds input column t - pw; it spans every window
+    span = (ow_n - 1) * sw + (kw - 1) * dw + 1
+    cols = min(w, span - pw)
+    items = planes * oh_n
+    neg = x.dtype.type(-np.inf)
+    for c in prange(nchunk):
+        row = np.empty(span, x.dtype)
+        for item in range(c * items // nchunk, (c + 1) * items // nchunk):
+            p = item // oh_n
+            oh = item - p * oh_n
+            for t in range(span):
+                row[t] = neg
+            for i in range(kh):
+                ih = oh * sh - ph + i * dh
+                if 0 <= ih < h:
+                    src = x[p, ih]
+                    for j in range(cols):
+                        v = src[j]
+                        m = row[j + pw]
+                        row[j + pw] = v if (v > m or v != v) else m
+            dst = out[p, oh]
+            for o in range(ow_n):
+                b = o * sw
+                m = row[b]
+                for j in range(1, kw):
+                    v = row[b + j * dw]
+                    m = v if (v > m or v != v) else m
+                dst[o] = m
+
+
+@cpu_kernel(parallel=True)
+def _max_pool_argmax(x, out, indices, kh, kw, sh, sw, ph, pw, dh, dw):
+    planes, h, w = x.shape
+    oh_n, ow_n = out.shape[1], out.shape[2]
+    neg = x.dtype.type(-np.inf)
+    for p in prange(planes):
+        for oh in range(oh_n):
+            h0 = oh * sh - ph
+            h1 = min(h0 + (kh - 1) * dh + 1, h)
+            while h0 < 0:
+                h0 += dh
+            for ow in range(ow_n):
+                w0 = ow * sw - pw
+                w1 = min(w0 + (kw - 1) * dw + 1, w)
+                while w0 < 0:
+                    w0 += dw
+                best = h0 * w + w0
+                m = neg
+                for ih in range(h0, h1, dh):
+                    for iw in range(w0, w1, dw):
+                        v = x[p, ih, iw]
+                        if v > m or v != v:
+                            m = v
+                            best = ih * w + iw
+                out[p, oh, ow] = m
+                indices[p, oh, ow] = best
+
+
+@cpu_kernel(parallel=True)
+def _avg_pool_rows(x, out, kh, kw, sh, sw, ph, pw, include_pad, divisor, nchunk):
+    planes, h, w = x.shape
+    oh_n, ow_n = out.shape[1], out.shape[2]
+    items = planes * oh_n
+    zero = x.dtype.type(0)
+    for c in prange(nchunk):
+        row = np.empty(w, x.dtype)
+        for item in range(c * items // nchunk, (c + 1) * items // nchunk):
+            p = item // oh_n
+            oh = item - p * oh_n
+            h0, h1, hcount = _avg_window(oh, sh, ph, kh, h)
+            for j in range(w):
+                row[j] = zero
+            for ih in range(h0, h1):
+                src = x[p, ih]
+                for j in range(w):
+                    row[j] += src[j]
+            dst = out[p, oh]
+            for o in range(ow_n):
+                w0, w1, wcount = _avg_window(o, sw, pw, kw, w)
+                s = zero
+                for t in range(w0, w1):
+                    s += row[t]
+                d = _avg_divisor(hcount, wcount, h0, h1, w0, w1, include_pad, divisor)
+                dst[o] = s / d if d > 0 else zero
+
+
+@cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
+def _adaptive_avg(x, out):
+    # sums in float64: a global pool adds up a whole plane
+    planes, h, w = x.shape
+    oh_n, ow_n = out.shape[1], out.shape[2]
+    for p in prange(planes):
+        for oh in range(oh_n):
+            h0, h1 = _bin(oh, oh_n, h)
+            for ow in range(ow_n):
+                w0, w1 = _bin(ow, ow_n, w)
+                s = 0.0
+                for ih in range(h0, h1):
+                    src = x[p, ih]
+                    for iw in range(w0, w1):
+                        s += src[iw]
+                out[p, oh, ow] = s / ((h1 - h0) * (w1 - w0))
+
+
+# ---------------------------------------------------------------------------
+# Backward kernels: one plane per iteration, so overlapping windows add up
+# without races.
+
+
+@cpu_kernel(parallel=True)
+def _max_pool_scatter(grad, indices, grad_x):
+    planes = grad_x.shape[0]
+    w = grad_x.shape[2]
+    n_out = grad.shape[1] * grad.shape[2]
+    zero = grad_x.dtype.type(0)
+    for p in prange(planes):
+        gx = grad_x[p]
+        for i in range(gx.shape[0]):
+            for j in range(w):
+                gx[i, j] = zero
+        g = grad[p].reshape(n_out)
+        idx = indices[p].reshape(n_out)
+        for k in range(n_out):
+            q = idx[k]
+            gx[q // w, q % w] += g[k]
+
+
+@cpu_kernel(parallel=True)
+def _avg_pool_spread(grad, grad_x, kh, kw, sh, sw, ph, pw, include_pad, divisor):
+    planes, h, w = grad_x.shape
+    oh_n, ow_n = grad.shape[1], grad.shape[2]
+    zero = grad_x.dtype.type(0)
+    for p in prange(planes):
+        gx = grad_x[p]
+        for i in range(h):
+            for j in range(w):
+                gx[i, j] = zero
+        for oh in range(oh_n):
+            h0, h1, hcount = _avg_window(oh, sh, ph, kh, h)
+            for ow in range(ow_n):
+                w0, w1, wcount = _avg_window(ow, sw, pw, kw, w)
+                d = _avg_divisor(hcount, wcount, h0, h1, w0, w1, include_pad, divisor)
+                if d <= 0:
+                    continue
+                g = grad[p, oh, ow] / d
+                for ih in range(h0, h1):
+                    for iw in range(w0, w1):
+                        gx[ih, iw] += g
+
+
+@cpu_kernel(parallel=True)
+def _adaptive_avg_spread(grad, grad_x):
+    planes, h, w = grad_x.shape
+    oh_n, ow_n = grad.shape[1], grad.shape[2]
+    zero = grad_x.dtype.type(0)
+    for p in prange(planes):
+        gx = grad_x[p]
+        for i in range(h):
+            for j in range(w):
+                gx[i, j] = zero
+        for oh in range(oh_n):
+            h0, h1 = _bin(oh, oh_n, h)
+            for ow in range(ow_n):
+                w0, w1 = _bin(ow, ow_n, w)
+                g = grad[p, oh, ow] / ((h1 - h0) * (w1 - w0))
+                for ih in range(h0, h1):
+                    for iw in range(w0, w1):
+                        gx[ih, iw] += g

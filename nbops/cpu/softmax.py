@@ -1,0 +1,190 @@
+"""CPU kernels of softmax and log_softmax, forward and backward.
+
+The input is seen as ``(outer, n, inner)`` with the softmax axis in the
+middle (C-contiguous). Two layouts, one kernel pair each:
+
+* ``inner == 1`` (the last axis): one row per ``prange`` iteration. The row
+  is read from memory once for its maximum; the exponentials are summed
+  (softmax also stores them in ``out``) and the final pass scales ``out``
+  (log_softmax stores ``x - max`` and subtracts ``log(sum)``) while the row is still in L1/L2. So
+  each element is read from memory once and written once where a row fits
+  in cache; the later passes run at cache speed. A one-pass online
+  max-and-sum would need two exponentials per element instead of one.
+* ``inner > 1`` (any other axis): blocks of ``width`` adjacent columns are
+  processed together, every loop running along the unit-stride inner axis
+  with per-column running maxima and sums in small scratch vectors, so
+  nothing is transposed; ``width`` is chosen so that ``n x width`` elements
+  stay in L2 between the passes.
+
+The flag ``log`` selects log_softmax in each kernel. Exponentials are the
+vectorizable ones of :mod:`nbops.cpu._approx`; sums accumulate in float64.
+A row whose maximum is -inf (all -inf) gives NaN everywhere, as PyTorch.
+"""
+
+import math
+
+import numpy as np
+from numba import prange
+
+from .._jit import FASTMATH_REDUCE, cpu_kernel
+from ._approx import exp
+
+__all__ = ["softmax", "softmax_backward"]
+
+#: Bytes of one column block (n x width elements) kept in L2 between passes.
+BLOCK_BYTES = 1 << 17
+
+
+def softmax(x3, out3, log):
+    """``out3`` = softmax (or log_softmax) of ``x3`` (outer, n, inner) over axis 1."""
+    outer, n, inner = x3.shape
+    if inner == 1:
+        _forward_rows(x3.reshape(outer, n), out3.reshape(outer, n), log)
+    else:
+        _forward_cols(x3, out3, log, _width(n, inner, x3.itemsize))
+    return out3
+
+
+def softmax_backward(g3, y3, out3, log):
+    """Input gradient from the upstream gradient ``g3`` and the forward output
+    ``y3``: ``y * (g - sum(g * y))``, or ``g - exp(y) * sum(g)`` for log."""
+    outer, n, inner = y3.shape
+    if inner == 1:
+        _backward_rows(g3.reshape(outer, n), y3.reshape(outer, n), out3.reshape(outer, n), log)
+    else:
+        _backward_cols(g3, y3, out3, log, _width(n, inner, y3.itemsize))
+    return out3
+
+
+def _width(n, inner, itemsize):
+    w = BLOCK_BYTES // max(1, n * itemsize)
+    w = max(16, w - w % 16)
+    return min(w, inner)
+
+
+# ---------------------------------------------------------------------------
+# inner == 1: rows
+
+
+@cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
+def _forward_rows(x, out, log):
+    rows, n = x.shape
+    t = x.dtype.type
+    for r in prange(rows):
+        src = x[r]
+        dst = out[r]
+        m = t(-np.inf)
+        for j in range(n):
+            v = src[j]
+            m = v if v > m else m  # NaN skipped here reaches the sum below
+        s = 0.0
+        if log:
+            # x - max goes through memory: under reassoc LLVM could otherwise
+            # fold (x - max) - log(sum) into x - (max + log(sum)), which
+            # rounds log(sum) away next to a large max
+            for j in range(n):
+                d = src[j] - m
+                dst[j] = d
+                s += exp(d)
+            c = t(math.log(s))
+            for j in range(n):
+                dst[j] -= c
+        else:
+            for j in range(n):
+                e = exp(src[j] - m)
+                dst[j] = e
+                s += e
+            inv = t(1.0 / s)
+            for j in range(n):
+                dst[j] *= inv
+
+
+@cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
+def _backward_rows(g, y, out, log):
+    rows, n = y.shape
+    t = y.dtype.type
+    for r in prange(rows):
+        gr = g[r]
+        yr = y[r]
+        dst = out[r]
+        s = 0.0
+        if log:
+            for j in range(n):
+                s += gr[j]
+            ts = t(s)
+            for j in range(n):
+                dst[j] = gr[j] - exp(yr[j]) * ts
+        else:
+            for j in range(n):
+                s += gr[j] * yr[j]
+            ts = t(s)
+            for j in range(n):
+                dst[j] = yr[j] * (gr[j] - ts)
+
+
+# ---------------------------------------------------------------------------
+# inner > 1: blocks of columns
+
+
+@cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
+def _forward_cols(x, out, log, width):
+    outer, n, inner = x.shape
+    t = x.dtype.type
+    nblk = (inner + width - 1) // width
+    for item in prange(outer * nblk):
+        o = item // nblk
+        j0 = (item - o * nblk) * width
+        cw = min(width, inner - j0)
+        m = np.full(cw, -np.inf, x.dtype)
+        s = np.zeros(cw, np.float64)
+        for i in range(n):
+            src = x[o, i, j0:j0 + cw]
+            for j in range(cw):
+                v = src[j]
+                m[j] = v if v > m[j] else m[j]
+        for i in range(n):
+            src = x[o, i, j0:j0 + cw]
+            dst = out[o, i, j0:j0 + cw]
+            for j in range(cw):
+                d = src[j] - m[j]
+                e = exp(d)
+                s[j] += e
+                dst[j] = d if log else e
+        c = np.empty(cw, x.dtype)
+        for j in range(cw):
+            c[j] = t(math.log(s[j])) if log else t(1.0 / s[j])
+        for i in range(n):
+            dst = out[o, i, j0:j0 + cw]
+            if log:
+                for j in range(cw):
+                    dst[j] -= c[j]
+            else:
+                for j in range(cw):
+                    dst[j] *= c[j]
+
+
+@cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
+def _backward_cols(g, y, out, log, width):
+    outer, n, inner = y.shape
+    nblk = (inner + width - 1) // width
+    for item in prange(outer * nblk):
+        o = item // nblk
+        j0 = (item - o * nblk) * width
+        cw = min(width, inner - j0)
+        s = np.zeros(cw, np.float64)
+        for i in range(n):
+            gr = g[o, i, j0:j0 + cw]
+            yr = y[o, i, j0:j0 + cw]
+            for j in range(cw):
+                s[j] += gr[j] if log else gr[j] * yr[j]
+        ts = s.astype(y.dtype)
+        for i in range(n):
+            gr = g[o, i, j0:j0 + cw]
+            yr = y[o, i, j0:j0 + cw]
+            dst = out[o, i, j0:j0 + cw]
+            if log:
+                for j in range(cw):
+                    dst[j] = gr[j] - exp(yr[j]) * ts[j]
+            else:
+                for j in range(cw):
+                    dst[j] = yr[j] * (gr[j] - ts[j])
