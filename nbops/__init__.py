@@ -37,6 +37,11 @@ from .arith import (  # noqa: F401
     add, sub, mul, div, pow, neg, exp, log, sum, mean, expand, sum_to,
 )
 from .normalization import batch_norm, layer_norm, rms_norm  # noqa: F401,E402
+from .pooling import (  # noqa: F401,E402
+    adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, avg_pool2d, global_avg_pool2d,
+    max_pool1d, max_pool2d,
+)
+from .softmax import log_softmax, softmax  # noqa: F401,E402
 from .autograd import Tensor, no_grad, enable_grad  # noqa: F401
 from . import autograd, nn, optim  # noqa: F401,E402
 
@@ -51,3 +56,5 @@ __all__ = [
     "Tensor", "no_grad", "enable_grad", "autograd", "nn", "optim",
 ]
 __all__ += ["batch_norm", "layer_norm", "rms_norm"]
+__all__ += ["max_pool1d", "max_pool2d", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d",
+            "adaptive_avg_pool2d", "global_avg_pool2d", "softmax", "log_softmax"]

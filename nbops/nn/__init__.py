@@ -21,3 +21,9 @@ from .graph import GraphConv  # noqa: E402,F401
 __all__ += ["GraphConv"]
 from .normalization import BatchNorm1d, BatchNorm2d, LayerNorm, RMSNorm  # noqa: E402,F401
 __all__ += ["BatchNorm1d", "BatchNorm2d", "LayerNorm", "RMSNorm"]
+from .pooling import (  # noqa: E402,F401
+    AdaptiveAvgPool1d, AdaptiveAvgPool2d, AvgPool1d, AvgPool2d, Flatten, LogSoftmax, MaxPool1d,
+    MaxPool2d, Softmax,
+)
+__all__ += ["MaxPool1d", "MaxPool2d", "AvgPool1d", "AvgPool2d", "AdaptiveAvgPool1d",
+            "AdaptiveAvgPool2d", "Flatten", "Softmax", "LogSoftmax"]
