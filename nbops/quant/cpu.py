@@ -127,7 +127,8 @@ def _add_fixed(a, b, out, ip, fp):
         out[i] = requantize(total, mo, so, zo, lo, hi)
 
 
-@cpu_kernel(parallel=True)
+# no "contract": an FMA would round (a - za) * ra + (b - zb) * rb differently
+@cpu_kernel(parallel=True, fastmath=frozenset())
 def _add_float(a, b, out, ip, fp):
     za, zb, zo, lo, hi = ip[0], ip[1], ip[2], ip[3], ip[4]
     ra, rb = fp[0], fp[1]

@@ -9,7 +9,9 @@ device by the launchers. The fixed-point requantization is the scalar code
 of :mod:`nbops.quant._requant` compiled as device functions, so both
 devices agree bit for bit. Rounding half to even uses ``_rint`` below
 (floor and an exact fractional part) rather than a libdevice call, which
-the simulator lacks.
+the simulator lacks. The float path of ``add`` may be contracted to an FMA
+by NVVM, which can move an exact tie by one unit against the CPU (the fixed
+path is exact on both).
 """
 
 import math
@@ -100,6 +102,8 @@ def _quantize(x, scales, zps, qmin, qmax, out, inner):
         if v != v:
             out[i] = zps[c]
         else:
+            # saturates the same way (|q - zp| <= 383) and keeps _rint finite
+            v = -512.0 if v < -512.0 else (512.0 if v > 512.0 else v)
             r = _rint(v) + zps[c]
             out[i] = qmin if r < qmin else (qmax if r > qmax else r)
 

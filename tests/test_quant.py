@@ -1,0 +1,624 @@
+"""nbops.quant: QTensor, quantize/dequantize, observers, elementwise and
+pooling operators, and the model-level API.
+
+References are NumPy transcriptions of the formulas (ONNX QuantizeLinear /
+DequantizeLinear, PyTorch's observer formulas, gemmlowp's fixed-point
+requantization), written here independently of the kernels; onnxruntime is
+the external check of QuantizeLinear. CUDA runs on tiny shapes (simulator
+without a GPU). The int8 GEMM family has its own file (test_quant_gemm.py).
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import nbops
+from nbops import quant as Q
+from nbops.quant import observers as O
+from nbops.quant._requant import quantize_multiplier
+from helpers import host, to_dev
+
+RANGES = {np.int8: (-128, 127), np.uint8: (0, 255)}
+
+
+def onnx_quantize(x, scale, zp, dtype, axis=None):
+    """ONNX QuantizeLinear, written from the spec: saturate(rint(x / s) + zp),
+    the division in x's precision (the scale has x's type)."""
+    s = np.asarray(scale, np.float32).astype(x.dtype)
+    z = np.asarray(zp, np.int64)
+    if axis is not None:
+        shape = [1] * x.ndim
+        shape[axis] = -1
+        s, z = s.reshape(shape), z.reshape(shape)
+    with np.errstate(invalid="ignore"):
+        v = np.rint(x / s) + z
+        v = np.where(np.isnan(v), z, v)  # nbops' documented choice for NaN
+    return np.clip(v, *RANGES[dtype]).astype(dtype)
+
+
+def special_values(dtype):
+    """Ties at every half step, saturation both ways, signed zeros, NaN."""
+    ties = np.arange(-6, 6) + 0.5
+    return np.concatenate([ties, [0.0, -0.0, 1e30, -1e30, np.inf, -np.inf, np.nan, 127.49,
+                                  127.5, 128.5, -128.5, -129.5, 255.5, 256.5]]).astype(dtype)
+
+
+# ---------------------------------------------------------------------------
+# QTensor
+
+
+def test_qtensor_attributes_and_repr():
+    q = Q.QTensor(np.array([[1, 2, 3]], np.int8), 0.25, -3)
+    assert (q.shape, q.dtype, q.device, q.axis, q.ndim, q.size) == ((1, 3), np.int8, "cpu",
+                                                                    None, 2, 3)
+    assert q.q_scale() == 0.25 and q.q_zero_point() == -3 and q.int_repr() is q.values
+    assert "scale=0.25" in repr(q) and "int8" in repr(q)
+    np.testing.assert_array_equal(q.dequantize(), [[1.0, 1.25, 1.5]])
+    with pytest.raises(ValueError, match="per tensor"):
+        q.q_per_channel_scales()
+    p = Q.QTensor(np.zeros((2, 3), np.uint8), np.array([0.5, 1.0, 2.0]), [0, 1, 255], axis=-1)
+    assert p.axis == 1 and p.scale.dtype == np.float32 and p.zero_point.dtype == np.int32
+    np.testing.assert_array_equal(p.q_per_channel_zero_points(), [0, 1, 255])
+    assert p.q_per_channel_axis() == 1 and "axis=1" in repr(p)
+    with pytest.raises(ValueError, match="per channel"):
+        p.q_scale()
+    np.testing.assert_array_equal(p.dequantize(np.float64), [[0, -1, -510]] * 2)
+
+
+def test_qtensor_device_transfer():
+    q = Q.QTensor(np.arange(-3, 3, dtype=np.int8), 0.5, 1)
+    d = q.to_device()
+    assert d.device == "cuda" and d.to_device() is d and d.q_scale() == 0.5
+    h = d.to_host()
+    assert h.device == "cpu" and h.to_host() is h
+    np.testing.assert_array_equal(h.values, q.values)
+    np.testing.assert_array_equal(host(d.dequantize()), q.dequantize())
+
+
+@pytest.mark.parametrize("args, err, match", [
+    ((np.zeros(3, np.float32), 1.0, 0), TypeError, "int8 or uint8, got float32"),
+    ((np.zeros(3, np.int32), 1.0, 0), TypeError, "int8 or uint8, got int32"),
+    (([1, 2], 1.0, 0), TypeError, "'values' must be"),
+    ((np.zeros(3, np.int8), 0.0, 0), ValueError, "positive and finite"),
+    ((np.zeros(3, np.int8), -1.0, 0), ValueError, "positive and finite"),
+    ((np.zeros(3, np.int8), np.nan, 0), ValueError, "positive and finite"),
+    ((np.zeros(3, np.int8), np.inf, 0), ValueError, "positive and finite"),
+    ((np.zeros(3, np.int8), "1", 0), TypeError, "'scale' must be a positive float"),
+    ((np.zeros(3, np.int8), [1.0, 2.0, 3.0], 0), TypeError, "pass axis="),
+    ((np.zeros(3, np.int8), 1.0, 128), ValueError, r"\[-128, 127\] for int8, got 128"),
+    ((np.zeros(3, np.uint8), 1.0, -1), ValueError, r"\[0, 255\] for uint8, got -1"),
+    ((np.zeros(3, np.uint8), 1.0, 0.5), TypeError, "'zero_point' must be an int"),
+    ((np.zeros((2, 3), np.int8), [1.0, 2.0], [0, 0], 1), ValueError, r"shape \(3,\)"),
+    ((np.zeros((2, 3), np.int8), [1.0, 2.0], [0, 0, 0], 0), ValueError, r"shape \(2,\)"),
+    ((np.zeros((2, 3), np.int8), [1.0, -2.0], [0, 0], 0), ValueError, "channel 1"),
+    ((np.zeros((2, 3), np.int8), [1.0, 2.0], [0, 200], 0), ValueError, "got 200 at channel 1"),
+    ((np.zeros((2, 3), np.int8), 1.0, 0, 0), TypeError, "scalar"),
+    ((np.zeros((2, 3), np.int8), [1.0, 2.0], [0, 0], 2), ValueError, "out of range"),
+])
+def test_qtensor_validation(args, err, match):
+    with pytest.raises(err, match=match):
+        Q.QTensor(*args)
+
+
+# ---------------------------------------------------------------------------
+# quantize / dequantize
+
+
+@pytest.mark.parametrize("xdtype, qdtype", [(np.float32, np.int8), (np.float32, np.uint8),
+                                            (np.float64, np.int8), (np.float64, np.uint8)])
+def test_quantize_per_tensor_matches_onnx(xdtype, qdtype):
+    rng = np.random.default_rng(0)
+    x = np.concatenate([special_values(xdtype), rng.normal(0, 40, 1000).astype(xdtype)])
+    for scale, zp in [(1.0, 0), (0.5, 3), (0.1, RANGES[qdtype][0] + 10), (3.7, 100)]:
+        zp = int(np.clip(zp, *RANGES[qdtype]))
+        q = Q.quantize_per_tensor(x, scale, zp, qdtype)
+        assert q.dtype == qdtype and q.q_scale() == scale and q.q_zero_point() == zp
+        np.testing.assert_array_equal(q.values, onnx_quantize(x, scale, zp, qdtype))
+
+
+def test_quantize_ties_and_saturation_explicitly():
+    x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, 127.5, -128.5, 1e9, -1e9, np.nan],
+                 np.float32)
+    np.testing.assert_array_equal(Q.quantize_per_tensor(x, 1.0, 0, np.int8).values,
+                                  [0, 2, 2, 0, -2, -2, 126, 127, -128, 127, -128, 0])
+    np.testing.assert_array_equal(Q.quantize_per_tensor(x, 1.0, 128, np.uint8).values,
+                                  [128, 130, 130, 128, 126, 126, 254, 255, 0, 255, 0, 128])
+
+
+def test_quantize_matches_onnxruntime():
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(1)
+    x = np.concatenate([special_values(np.float32), rng.normal(0, 30, 500).astype(np.float32)])
+    x = x[~np.isnan(x)]  # ONNX leaves NaN unspecified (ORT gives 0, nbops the zero point)
+    for qdtype, ttype, zp in [(np.uint8, TensorProto.UINT8, 128), (np.int8, TensorProto.INT8, -5)]:
+        node = helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])
+        graph = helper.make_graph(
+            [node], "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [x.size])],
+            [helper.make_tensor_value_info("y", ttype, [x.size])],
+            [helper.make_tensor("s", TensorProto.FLOAT, [], [0.37]),
+             helper.make_tensor("z", ttype, [], [zp])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        model.ir_version = 8
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        want = sess.run(None, {"x": x})[0]
+        np.testing.assert_array_equal(Q.quantize_per_tensor(x, 0.37, zp, qdtype).values, want)
+
+
+def test_quantize_and_dequantize_on_device(device):
+    # 3 * 32 + 1 elements: crosses the simulator's blocks and leaves a partial one
+    x = np.concatenate([special_values(np.float32),
+                        np.linspace(-20, 20, 97 - 28, dtype=np.float32)])
+    q = Q.quantize_per_tensor(to_dev(x, device), 0.25, 7, np.int8)
+    assert q.device == device
+    np.testing.assert_array_equal(host(q.values), onnx_quantize(x, 0.25, 7, np.int8))
+    want = (onnx_quantize(x, 0.25, 7, np.int8).astype(np.float32) - 7) * np.float32(0.25)
+    np.testing.assert_array_equal(host(Q.dequantize(q)), want)
+    w = np.linspace(-3, 3, 2 * 3 * 5).reshape(2, 3, 5)
+    scales, zps = [0.02, 0.05, 0.1], [0, 10, 255]
+    p = Q.quantize_per_channel(to_dev(w, device), scales, zps, 1, np.uint8)
+    np.testing.assert_array_equal(host(p.values), onnx_quantize(w, scales, zps, np.uint8, 1))
+    deq = (host(p.values).astype(np.float64) - np.array(zps)[:, None]) \
+        * np.array(scales, np.float32).astype(np.float64)[:, None]
+    np.testing.assert_array_equal(host(p.dequantize(np.float64)), deq)
+
+
+@pytest.mark.parametrize("shape, axis", [((4, 6), 0), ((4, 6), -1), ((2, 3, 5), 1), ((5,), 0),
+                                         ((3, 0), 0), ((0, 3), 1)])
+def test_quantize_per_channel_matches_onnx(shape, axis):
+    rng = np.random.default_rng(2)
+    x = rng.normal(0, 5, shape).astype(np.float32)
+    c = shape[axis]
+    scales = rng.uniform(0.01, 0.5, c)
+    zps = rng.integers(-20, 20, c)
+    q = Q.quantize_per_channel(x, scales, zps, axis, np.int8)
+    assert q.axis == axis % len(shape)
+    np.testing.assert_array_equal(q.values, onnx_quantize(x, scales, zps, np.int8, axis))
+    d = Q.dequantize(q)
+    shp = [1] * len(shape)
+    shp[axis] = -1
+    want = (q.values.astype(np.int32) - zps.reshape(shp)).astype(np.float32) \
+        * scales.astype(np.float32).reshape(shp)
+    np.testing.assert_array_equal(d, want)
+
+
+def test_quantize_strided_input_and_out():
+    x = np.linspace(-2, 2, 40, dtype=np.float32).reshape(5, 8)[:, ::2]
+    out = np.empty((5, 4), np.uint8)
+    q = Q.quantize_per_tensor(x, 0.1, 20, np.uint8, out=out)
+    assert q.values is out
+    np.testing.assert_array_equal(out, onnx_quantize(x, 0.1, 20, np.uint8))
+    d = np.empty((5, 4), np.float64)
+    assert Q.dequantize(q, np.float64, out=d) is d
+
+
+@given(st.integers(0, 2**31), st.floats(1e-4, 1e3), st.sampled_from([np.int8, np.uint8]),
+       st.integers(1, 300))
+def test_round_trips(seed, scale, qdtype, n):
+    rng = np.random.default_rng(seed)
+    qmin, qmax = RANGES[qdtype]
+    zp = int(rng.integers(qmin, qmax + 1))
+    values = rng.integers(qmin, qmax + 1, n).astype(qdtype)
+    q = Q.QTensor(values, scale, zp)
+    # integers -> reals -> integers is the identity
+    np.testing.assert_array_equal(Q.quantize_per_tensor(q.dequantize(), scale, zp, qdtype)
+                                  .values, values)
+    # reals inside the representable range come back within half a step
+    x = rng.uniform((qmin - zp) * scale, (qmax - zp) * scale, n).astype(np.float32)
+    err = np.abs(Q.quantize_per_tensor(x, scale, zp, qdtype).dequantize() - x)
+    assert err.max() <= 0.5 * scale * (1 + 1e-5) + 1e-6 * np.abs(x).max()
+
+
+@pytest.mark.parametrize("call, err, match", [
+    (lambda: Q.quantize_per_tensor(np.zeros(3, np.int8), 1.0, 0, np.int8), TypeError,
+     "float32 or float64 array, got int8"),
+    (lambda: Q.quantize_per_tensor(Q.QTensor(np.zeros(3, np.int8), 1.0, 0), 1.0, 0, np.int8),
+     TypeError, "already a QTensor"),
+    (lambda: Q.quantize_per_tensor(np.zeros(3), 1.0, 0, np.int16), TypeError,
+     "int8 or numpy.uint8"),
+    (lambda: Q.quantize_per_tensor(np.zeros(3), 1.0, 0, None), TypeError, "'dtype'"),
+    (lambda: Q.quantize_per_tensor(np.zeros(3), 0.0, 0, np.int8), ValueError, "'scale'"),
+    (lambda: Q.quantize_per_tensor(np.zeros(3), 1.0, 300, np.uint8), ValueError, "got 300"),
+    (lambda: Q.quantize_per_tensor(np.zeros(3), 1.0, 0, np.int8, out=np.empty(3, np.uint8)),
+     TypeError, "'out' must be int8"),
+    (lambda: Q.quantize_per_channel(np.zeros((2, 3)), [1.0], [0], 0, np.int8), ValueError,
+     r"shape \(2,\)"),
+    (lambda: Q.quantize_per_channel(np.zeros((2, 3)), [1.0, 1.0], [0, 0], 2, np.int8),
+     ValueError, "out of range"),
+    (lambda: Q.quantize_per_channel(np.zeros(()), [1.0], [0], 0, np.int8), ValueError,
+     "at least one dimension"),
+    (lambda: Q.dequantize(np.zeros(3, np.float32)), TypeError, "must be a QTensor.*quantize"),
+    (lambda: Q.dequantize(np.zeros(3, np.int8)), TypeError, "wrap raw integers"),
+    (lambda: Q.dequantize(Q.QTensor(np.zeros(3, np.int8), 1.0, 0), np.int32), TypeError,
+     "float32 or float64"),
+])
+def test_quantize_errors(call, err, match):
+    with pytest.raises(err, match=match):
+        call()
+
+
+# ---------------------------------------------------------------------------
+# Observers
+
+
+def torch_qparams(lo, hi, qmin, qmax, symmetric, uint8):
+    """PyTorch's _calculate_qparams, transcribed (float32 throughout)."""
+    f = np.float32
+    eps = np.finfo(np.float32).eps
+    lo, hi = min(f(lo), f(0)), max(f(hi), f(0))
+    if symmetric:
+        scale = max(f(max(-lo, hi) / f((qmax - qmin) / 2)), eps)
+        return float(scale), 128 if uint8 else 0
+    scale = max(f((hi - lo) / f(qmax - qmin)), eps)
+    zp = qmin - int(np.rint(f(lo / f(scale))))
+    return float(np.float32(scale)), int(np.clip(zp, qmin, qmax))
+
+
+@pytest.mark.parametrize("qdtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("scheme", ["per_tensor_affine", "per_tensor_symmetric"])
+@pytest.mark.parametrize("reduce_range", [False, True])
+def test_minmax_observer_formula(qdtype, scheme, reduce_range):
+    obs = O.MinMaxObserver(dtype=qdtype, qscheme=scheme, reduce_range=reduce_range)
+    qmin, qmax = RANGES[qdtype]
+    if reduce_range:
+        qmin, qmax = (-64, 63) if qdtype == np.int8 else (0, 127)
+    assert (obs.quant_min, obs.quant_max) == (qmin, qmax)
+    rng = np.random.default_rng(3)
+    batches = [rng.normal(1, 2, 50).astype(np.float32) for _ in range(3)]
+    for b in batches:
+        assert obs(b) is b
+    lo = min(b.min() for b in batches)
+    hi = max(b.max() for b in batches)
+    assert obs.calculate_qparams() == torch_qparams(lo, hi, qmin, qmax,
+                                                    scheme.endswith("symmetric"),
+                                                    qdtype == np.uint8)
+
+
+@pytest.mark.parametrize("data, want", [
+    (np.zeros(4), (float(np.finfo(np.float32).eps), 0)),        # all zero
+    (np.full(4, 2.0), (2.0 / 255, 0)),                          # positive constant
+    (np.full(4, -1.0), (1.0 / 255, 255)),                       # negative constant
+    (np.array([np.nan, 1.0, np.inf]), (1.0 / 255, 0)),          # non-finite skipped
+])
+def test_observer_degenerate_cases(data, want):
+    for cls in (O.MinMaxObserver, O.MovingAverageMinMaxObserver, O.HistogramObserver):
+        obs = cls(dtype=np.uint8)
+        obs(data)
+        scale, zp = obs.calculate_qparams()
+        assert np.isfinite(scale) and scale > 0
+        assert zp == want[1] and scale == pytest.approx(want[0], rel=1e-6), cls
+
+
+def test_observer_never_observed_warns_with_defaults():
+    for obs in (O.MinMaxObserver(), O.HistogramObserver(), O.PerChannelMinMaxObserver()):
+        with pytest.warns(RuntimeWarning, match="no data observed"):
+            scale, zp = obs.calculate_qparams()
+        assert np.all(np.asarray(scale) == 1.0) and np.all(np.asarray(zp) == 0)
+
+
+def test_moving_average_observer():
+    obs = O.MovingAverageMinMaxObserver(averaging_constant=0.25, dtype=np.int8)
+    obs(np.array([-1.0, 1.0], np.float32))
+    obs(np.array([-5.0, 3.0], np.float32))
+    assert obs.min_val == np.float32(-2.0) and obs.max_val == np.float32(1.5)
+    assert obs.calculate_qparams() == torch_qparams(-2.0, 1.5, -128, 127, False, False)
+
+
+def test_per_channel_observer():
+    rng = np.random.default_rng(4)
+    a, b = rng.normal(size=(3, 4, 5)), rng.normal(size=(3, 4, 5))
+    for scheme in ("per_channel_symmetric", "per_channel_affine"):
+        obs = O.PerChannelMinMaxObserver(ch_axis=1, dtype=np.int8, qscheme=scheme)
+        obs(a)
+        obs(b)
+        scales, zps = obs.calculate_qparams()
+        assert scales.shape == (4,) and scales.dtype == np.float32 and zps.dtype == np.int32
+        both = np.concatenate([a, b])
+        for c in range(4):
+            want = torch_qparams(both[:, c].min(), both[:, c].max(), -128, 127,
+                                 scheme.endswith("symmetric"), False)
+            assert (float(scales[c]), int(zps[c])) == want
+        q = Q.quantize_per_channel(both.astype(np.float32), scales, zps, 1, np.int8)
+        assert np.abs(q.dequantize() - both).max() <= scales.max() * 0.51
+    with pytest.raises(ValueError, match="channels"):
+        obs(np.zeros((3, 5, 5)))
+
+
+def torch_histogram_search(hist, min_val, max_val, dst_nbins=256):
+    """PyTorch's _non_linear_param_search, loops and all (slow, literal)."""
+    bins = hist.size
+    width = (max_val - min_val) / bins
+    total = hist.sum()
+    csum = np.cumsum(hist)
+
+    def error(start, end):
+        dst_width = width * (end - start + 1) / dst_nbins
+        if dst_width == 0.0:
+            return 0.0
+        norm = 0.0
+        for i in range(bins):
+            b0 = (i - start) * width
+            b1 = b0 + width
+            db = min(max(np.floor(b0 / dst_width), 0), dst_nbins - 1)
+            de = min(max(np.floor(b1 / dst_width), 0), dst_nbins - 1)
+            dens = hist[i] / width
+            g = lambda lo, hi: dens * (hi ** 3 - lo ** 3) / 3  # noqa: E731
+            norm += g(b0 - (db + 0.5) * dst_width, dst_width / 2)
+            norm += (de - db - 1) * g(-dst_width / 2, dst_width / 2)
+            norm += g(-dst_width / 2, b1 - (de * dst_width + dst_width / 2))
+        return norm
+
+    alpha, beta, start, end, norm_min = 0.0, 1.0, 0, bins - 1, np.inf
+    while alpha < beta:
+        na, nb = alpha + 1e-5, beta - 1e-5
+        l, r = start, end
+        while l < end and csum[l] <= na * total:
+            l += 1
+        while r > start and csum[r] >= nb * total:
+            r -= 1
+        ns, ne = start, end
+        if (l - start) > (end - r):
+            ns, alpha = l, na
+        else:
+            ne, beta = r, nb
+        if ns == start and ne == end:
+            continue
+        norm = error(ns, ne)
+        if norm > norm_min:
+            break
+        norm_min, start, end = norm, ns, ne
+    return min_val + width * start, min_val + width * (end + 1)
+
+
+def test_histogram_observer_matches_pytorch_search():
+    rng = np.random.default_rng(5)
+    x = np.concatenate([rng.laplace(size=200000), [25.0, -18.0]]).astype(np.float32)
+    obs = O.HistogramObserver(bins=64, dtype=np.uint8)
+    obs(x)
+    assert obs.histogram.sum() == x.size
+    lo, hi = torch_histogram_search(obs.histogram, float(obs.min_val), float(obs.max_val))
+    assert obs._non_linear_param_search() == pytest.approx((lo, hi), rel=1e-6)
+    assert obs.calculate_qparams() == torch_qparams(lo, hi, 0, 255, False, True)
+    assert lo > x.min() and hi < x.max()  # the outliers are clipped
+
+
+def test_histogram_observer_merges_ranges():
+    obs = O.HistogramObserver(bins=8)
+    obs(np.array([0.0, 1.0, 2.0, 3.0]))
+    obs(np.array([4.0, 7.0]))  # widens the range: old counts are spread over new bins
+    assert obs.min_val == 0 and obs.max_val == 7 and obs.histogram.sum() == pytest.approx(6)
+    # old bin [0.75, 1.125) (the value 1) is spread over new bins [0, 0.875) and
+    # [0.875, 1.75) in proportion to the overlap: 1/3 and 2/3
+    np.testing.assert_allclose(obs.histogram, [1 + 1 / 3, 2 / 3, 1, 1, 1, 0, 0, 1])
+    with pytest.raises(ValueError, match="bins"):
+        O.HistogramObserver(bins=1)
+
+
+@pytest.mark.parametrize("call, err, match", [
+    (lambda: O.MinMaxObserver(dtype=np.int16), TypeError, "int8 or numpy.uint8"),
+    (lambda: O.MinMaxObserver(qscheme="per_channel_affine"), ValueError, "qscheme"),
+    (lambda: O.PerChannelMinMaxObserver(qscheme="per_tensor_affine"), ValueError, "qscheme"),
+    (lambda: O.MovingAverageMinMaxObserver(averaging_constant=0), ValueError, "averaging"),
+    (lambda: O.MinMaxObserver()(np.zeros(3, np.int8)), TypeError, "float array"),
+    (lambda: O.MinMaxObserver()(np.array([np.nan])), ValueError, "no finite"),
+    (lambda: O.PerChannelMinMaxObserver(ch_axis=3)(np.zeros((2, 2))), ValueError, "ch_axis"),
+])
+def test_observer_errors(call, err, match):
+    with pytest.raises(err, match=match):
+        call()
+
+
+# ---------------------------------------------------------------------------
+# add, add_relu, relu
+
+
+def gemmlowp_requantize(x, m, shift, zp, lo, hi):
+    """gemmlowp's MultiplyByQuantizedMultiplier on int64 NumPy arrays:
+    SaturatingRoundingDoublingHighMul, then RoundingDivideByPOT."""
+    x = np.asarray(x, np.int64)
+    if shift > 0:
+        x = np.clip(x << shift, -2**31, 2**31 - 1)
+    ab = x * np.int64(m)
+    t = ab + np.where(ab >= 0, 1 << 30, 1 - (1 << 30))
+    high = np.where(t >= 0, t >> 31, -((-t) >> 31))
+    e = max(-shift, 0)
+    mask = (1 << e) - 1
+    rem = high & mask
+    thr = (mask >> 1) + (high < 0)
+    v = (high >> e) + (rem > thr) + zp
+    return np.clip(v, lo, hi)
+
+
+def add_reference(qa, qb, so, zo, relu, fixed):
+    a = qa.values.astype(np.int64) - qa.zero_point
+    b = qb.values.astype(np.int64) - qb.zero_point
+    qmin, qmax = RANGES[qa.dtype.type]
+    lo = max(qmin, zo) if relu else qmin
+    if not fixed:
+        v = np.rint(a * (qa.scale / so) + b * (qb.scale / so)) + zo
+        return np.clip(v, lo, qmax).astype(qa.dtype)
+    tm = 2 * max(qa.scale, qb.scale)
+    ma, sa = quantize_multiplier(qa.scale / tm)
+    mb, sb = quantize_multiplier(qb.scale / tm)
+    mo, sho = quantize_multiplier(tm / (2**20 * so))
+    big = np.iinfo(np.int32)
+    total = (gemmlowp_requantize(a << 20, ma, sa, 0, big.min, big.max)
+             + gemmlowp_requantize(b << 20, mb, sb, 0, big.min, big.max))
+    return gemmlowp_requantize(total, mo, sho, zo, lo, qmax).astype(qa.dtype)
+
+
+def _pair_of_qtensors(n, qdtype, rng, device="cpu"):
+    qmin, qmax = RANGES[qdtype]
+    a = Q.QTensor(to_dev(rng.integers(qmin, qmax + 1, n).astype(qdtype), device), 0.037,
+                  int(rng.integers(qmin, qmax + 1)))
+    b = Q.QTensor(to_dev(rng.integers(qmin, qmax + 1, n).astype(qdtype), device), 0.0113,
+                  int(rng.integers(qmin, qmax + 1)))
+    return a, b
+
+
+@pytest.mark.parametrize("qdtype", [np.int8, np.uint8])
+def test_add_matches_integer_reference(qdtype):
+    rng = np.random.default_rng(6)
+    qa, qb = _pair_of_qtensors(3000, qdtype, rng)
+    real = qa.dequantize(np.float64) + qb.dequantize(np.float64)
+    for so, zo in [(0.05, 3), (0.021, RANGES[qdtype][0] + 40), (1.3, 0)]:
+        for fn, relu in ((Q.add, False), (Q.add_relu, True)):
+            outs = {}
+            for requant in ("fixed", "float"):
+                out = fn(qa, qb, so, zo, requant=requant)
+                assert out.q_scale() == so and out.q_zero_point() == zo and out.dtype == qdtype
+                np.testing.assert_array_equal(
+                    out.values, add_reference(qa, qb, so, zo, relu, requant == "fixed"))
+                outs[requant] = out.values.astype(np.int64)
+            # both paths within one step of the exact real result (where not saturated)
+            ideal = np.rint((np.maximum(real, 0) if relu else real) / so) + zo
+            inside = (ideal > RANGES[qdtype][0]) & (ideal < RANGES[qdtype][1])
+            for v in outs.values():
+                assert np.abs(v - ideal)[inside].max() <= 1
+            assert np.abs(outs["fixed"] - outs["float"]).max() <= 1
+
+
+def test_add_relu_and_relu_on_device(device):
+    rng = np.random.default_rng(7)
+    qa, qb = _pair_of_qtensors(97, np.int8, rng, device)
+    ha, hb = qa.to_host(), qb.to_host()
+    for requant in ("fixed", "float"):
+        for fn, relu in ((Q.add, False), (Q.add_relu, True)):
+            out = fn(qa, qb, 0.03, -7, requant=requant)
+            assert out.device == device
+            np.testing.assert_array_equal(host(out.values),
+                                          add_reference(ha, hb, 0.03, -7, relu,
+                                                        requant == "fixed"))
+    r = Q.relu(qa)
+    assert r.device == device and r.q_scale() == qa.scale
+    np.testing.assert_array_equal(host(r.values), np.maximum(ha.values, ha.zero_point))
+
+
+@pytest.mark.parametrize("call, err, match", [
+    (lambda a, b: Q.add(a, b.dequantize(), 0.1, 0), TypeError, "'qb' must be a QTensor"),
+    (lambda a, b: Q.add(a.values, b, 0.1, 0), TypeError, "'qa' must be a QTensor"),
+    (lambda a, b: Q.add(a, Q.QTensor(b.values.view(np.uint8), 0.1, 0), 0.1, 0), TypeError,
+     "int8 but 'qb' is uint8"),
+    (lambda a, b: Q.add(a, Q.QTensor(b.values[:2], 0.1, 0), 0.1, 0), ValueError,
+     "one shape"),
+    (lambda a, b: Q.add(a, b, 0.0, 0), ValueError, "'scale' must be positive"),
+    (lambda a, b: Q.add(a, b, 0.1, 128), ValueError, "'zero_point'"),
+    (lambda a, b: Q.add(a, b, 0.1, 0, requant="double"), ValueError, "'requant'"),
+    (lambda a, b: Q.add_relu(Q.QTensor(a.values.reshape(3, 1), [1.0, 1, 1], [0, 0, 0], 0),
+                             b, 0.1, 0), ValueError, "per channel"),
+    (lambda a, b: Q.relu(np.zeros(3, np.float32)), TypeError, "quantize_per_tensor"),
+])
+def test_add_errors(call, err, match):
+    a = Q.QTensor(np.zeros(3, np.int8), 0.1, 0)
+    with pytest.raises(err, match=match):
+        call(a, a)
+
+
+# ---------------------------------------------------------------------------
+# Pooling
+
+
+def max_pool_reference(x, k, s, p, d, ceil_mode):
+    n, c, h, w = x.shape
+    oh = Q._pool_out(h, k, s, p, d, ceil_mode)
+    ow = Q._pool_out(w, k, s, p, d, ceil_mode)
+    out = np.empty((n, c, oh, ow), x.dtype)
+    for i in range(oh):
+        for j in range(ow):
+            ys = [i * s - p + u * d for u in range(k)]
+            zs = [j * s - p + v * d for v in range(k)]
+            ys = [y for y in ys if 0 <= y < h]
+            zs = [z for z in zs if 0 <= z < w]
+            out[:, :, i, j] = x[:, :, ys][:, :, :, zs].max(axis=(2, 3))
+    return out
+
+
+def test_pool_output_size_matches_pytorch_formula():
+    # torch.nn.MaxPool2d's sizes, including ceil_mode's last-window rule
+    assert Q._pool_out(7, 3, 2, 1, 1, False) == 4
+    assert Q._pool_out(6, 3, 2, 0, 1, True) == 3
+    assert Q._pool_out(5, 2, 2, 0, 1, True) == 3
+    assert Q._pool_out(4, 2, 2, 1, 1, True) == 3
+    assert Q._pool_out(5, 3, 1, 1, 2, False) == 3
+
+
+@pytest.mark.parametrize("k, s, p, d, ceil_mode", [(2, 2, 0, 1, False), (3, 2, 1, 1, False),
+                                                   (3, 2, 1, 1, True), (2, 1, 1, 2, False)])
+def test_max_pool2d(device, k, s, p, d, ceil_mode):
+    rng = np.random.default_rng(8)
+    x = rng.integers(0, 256, (1, 2, 7, 6)).astype(np.uint8)
+    q = Q.QTensor(to_dev(x, device), 0.2, 100)
+    out = Q.max_pool2d(q, k, s, p, d, ceil_mode)
+    assert out.device == device and out.q_scale() == 0.2 and out.q_zero_point() == 100
+    np.testing.assert_array_equal(host(out.values), max_pool_reference(x, k, s, p, d, ceil_mode))
+
+
+def avg_pool_reference(q, oh, ow, so, zo, fixed):
+    x = q.values.astype(np.int64)
+    n, c, h, w = x.shape
+    qmin, qmax = RANGES[q.dtype.type]
+    out = np.empty((n, c, oh, ow), np.int64)
+    for i in range(oh):
+        y0, y1 = (i * h) // oh, -(-(i + 1) * h // oh)
+        for j in range(ow):
+            z0, z1 = (j * w) // ow, -(-(j + 1) * w // ow)
+            cnt = (y1 - y0) * (z1 - z0)
+            acc = x[:, :, y0:y1, z0:z1].sum(axis=(2, 3)) - cnt * q.zero_point
+            real = q.scale / (so * cnt)
+            if fixed:
+                m, sh = quantize_multiplier(real)
+                out[:, :, i, j] = gemmlowp_requantize(acc, m, sh, zo, qmin, qmax)
+            else:
+                out[:, :, i, j] = np.clip(np.rint(acc * real) + zo, qmin, qmax)
+    return out.astype(q.dtype)
+
+
+@pytest.mark.parametrize("output_size", [1, (2, 3), (3, 2)])
+def test_adaptive_avg_pool2d(device, output_size):
+    rng = np.random.default_rng(9)
+    x = rng.integers(-128, 128, (2, 3, 5, 7)).astype(np.int8)
+    q = Q.QTensor(to_dev(x, device), 0.05, -4)
+    hq = q.to_host()
+    oh, ow = (output_size, output_size) if isinstance(output_size, int) else output_size
+    for requant in ("fixed", "float"):
+        for so, zo in [(None, None), (0.02, 10)]:
+            out = Q.adaptive_avg_pool2d(q, output_size, so, zo, requant=requant)
+            so_, zo_ = (0.05, -4) if so is None else (so, zo)
+            assert out.shape == (2, 3, oh, ow) and out.q_scale() == so_
+            np.testing.assert_array_equal(
+                host(out.values), avg_pool_reference(hq, oh, ow, so_, zo_, requant == "fixed"))
+    g = Q.global_avg_pool2d(q)
+    np.testing.assert_array_equal(host(g.values), avg_pool_reference(hq, 1, 1, 0.05, -4, True))
+    # within one step of the float mean
+    mean = hq.dequantize(np.float64).mean(axis=(2, 3), keepdims=True)
+    assert np.abs(host(g.dequantize(np.float64)) - mean).max() <= 0.05 * 0.5 + 1e-12
+
+
+@pytest.mark.parametrize("call, err, match", [
+    (lambda q: Q.max_pool2d(Q.QTensor(np.zeros((2, 4, 4), np.int8), 1.0, 0), 2), ValueError,
+     "4-D"),
+    (lambda q: Q.max_pool2d(q, 0), ValueError, "'kernel_size' must be >= 1"),
+    (lambda q: Q.max_pool2d(q, 2.0), TypeError, "'kernel_size'"),
+    (lambda q: Q.max_pool2d(q, 2, padding=2), ValueError, "half the kernel"),
+    (lambda q: Q.max_pool2d(q, 5), ValueError, "does not fit"),
+    (lambda q: Q.max_pool2d(q.dequantize(), 2), TypeError, "must be a QTensor"),
+    (lambda q: Q.adaptive_avg_pool2d(q, 0), ValueError, "'output_size' must be >= 1"),
+    (lambda q: Q.adaptive_avg_pool2d(q, (1, 2, 3)), ValueError, "pair"),
+    (lambda q: Q.adaptive_avg_pool2d(q, 1, requant="round"), ValueError, "'requant'"),
+    (lambda q: Q.global_avg_pool2d(q, scale=-1.0), ValueError, "'scale'"),
+    (lambda q: Q.global_avg_pool2d(Q.QTensor(np.zeros((1, 1, 0, 2), np.int8), 1.0, 0)),
+     ValueError, "nothing to average"),
+])
+def test_pool_errors(call, err, match):
+    q = Q.QTensor(np.zeros((1, 2, 4, 4), np.int8), 0.1, 0)
+    with pytest.raises(err, match=match):
+        call(q)
+
+
+def test_operators_are_documented():
+    for name in ("quantize_per_tensor", "quantize_per_channel", "dequantize", "add", "add_relu",
+                 "relu", "max_pool2d", "adaptive_avg_pool2d", "global_avg_pool2d"):
+        doc = getattr(Q, name).__doc__
+        assert "Example" in doc and "Raises" in doc, name
