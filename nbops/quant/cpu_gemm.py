@@ -1,0 +1,537 @@
+"""CPU kernels of the int8 GEMM behind ``nbops.quant`` matmul_integer, matmul,
+linear and conv2d: packed operands laid out for 4-way 8-bit dot products.
+
+Layout (the shape of AVX-512 VNNI ``vpdpbusd``: 64 u8 x s8 products summed
+four at a time into 16 int32 lanes):
+
+* B (k x n, int8) is packed once into ``[n/NR][k/4][NR][4]`` bytes: for
+  each NR-wide column sliver and each group of four k, NR columns of four
+  consecutive k bytes. One group is NR int32 words: NR/16 zmm registers.
+* A (m x k) is packed per call into ``[m/MR][k/4][MR][4]`` *unsigned*
+  bytes: ``vpdpbusd`` multiplies unsigned by signed bytes, so int8
+  activations are stored as ``a + 128`` (an XOR with 0x80) and uint8
+  weights as ``b - 128``; the constant offsets are folded into the zero
+  points and corrected with the row sums of A and column sums of B
+  (computed while packing) in the epilogue:
+
+      sum_k (a - za)(b - zb) = sum_k a'b' - zb' * rowsum(a') - za' * colsum(b')
+                               + k * za' * zb'
+
+  with ``a' = a + sa``, ``za' = za + sa``, ``b' = b - sb``, ``zb' = zb - sb``.
+  Rows, columns and k are zero-padded to MR, NR and 4, so the micro-kernel
+  always runs full tiles.
+
+The micro-kernel (:func:`_make_micro`) is written directly in LLVM IR
+through a Numba ``@intrinsic``: for each group of four k it loads NR/16
+vectors of B, broadcasts one 32-bit word (four bytes) of A per row and
+calls ``llvm.x86.avx512.vpdpbusd.512`` on each of the MR x NR/16 int32
+accumulator vectors; the accumulators live in allocas that LLVM promotes to
+registers. With MR x NR = 8 x 32 the loop body is, as read from
+``inspect_asm``: 2 ``vmovdqu64`` loads of B, 8 ``vpbroadcastd`` of A and 16
+``vpdpbusd zmm`` (no spills). LLVM does *not* form ``vpdpbusd`` from plain
+Numba code: a widening ``int32(a) * int32(b)`` loop gives ``vpmovzxbd`` /
+``vpmovsxbd`` + ``vpmulld``/``vpmaddwd`` + ``vpaddd`` (see PERF_NOTES), so
+the instruction is requested explicitly. The intrinsic is used only when
+the host CPU reports ``avx512vnni`` (``llvmlite.binding.get_host_cpu_features``);
+elsewhere a portable micro-kernel in plain Numba (int32 products over the
+same packed layout, which LLVM turns into ``vpmaddwd``-style code) takes its
+place, with the same results bit for bit.
+
+``vpdpbusd`` adds in wrapping int32 arithmetic and each 4-way partial sum
+is exact (at most 4 * 255 * 128), so the accumulator equals the true sum
+modulo 2**32: exact whenever the true result fits in int32. The public
+layer checks ``k * max|a - za| * max|b - zb| < 2**31`` before calling.
+
+The epilogue runs on each MR x NR int32 tile while it is in L1, straight
+after the micro-kernel: zero-point corrections, then one of ``MODES``:
+``int32`` (``+ bias``, MatMulInteger), ``fixed`` (fixed-point
+requantization of :mod:`nbops.quant._requant`, per column multiplier and
+shift), ``float`` (float64 ``round_half_even(acc * scale) + zp``) or
+``dequant`` (``(acc + bias) * scale[col] + fbias[col]`` to float32, the
+dynamic-quantization output). int8 outputs are written through a uint8
+view (same bits).
+
+Parallelism: A is packed with ``prange`` over row slivers; the product runs
+``prange`` over (row block x column chunk) tasks, chunking columns when
+there are too few row blocks to feed every thread (a linear layer with a
+small batch), as ``nbops.cpu.linalg`` does.
+"""
+
+import llvmlite.binding as _llvm
+import numpy as np
+from llvmlite import ir
+from numba import get_num_threads, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .._jit import cpu_kernel
+from . import _requant
+
+__all__ = ["gemm_op", "conv2d_op", "pack_a", "pack_b"]
+#: Entry points with no CUDA twin: the CUDA kernels read unpacked operands.
+CPU_ONLY = ("pack_a", "pack_b")
+
+#: Register tile: 8 rows x 32 int32 columns = 16 zmm accumulators.
+MR, NR = 8, 32
+#: Epilogue modes, in code order.
+MODES = ("int32", "fixed", "float", "dequant")
+#: Rows of A per task (the A block, MC x k bytes, stays in L2 while every
+#: column sliver of the task streams past it).
+MC = 64
+#: Tasks per thread the driver aims for.
+TASKS_PER_THREAD = 4
+
+
+def has_vnni():
+    """Whether the host CPU has AVX-512 VNNI (``vpdpbusd`` on zmm)."""
+    return bool(_llvm.get_host_cpu_features().get("avx512vnni", False))
+
+
+def _make_micro(mr, nr):
+    """The VNNI micro-kernel ``micro(kq, abuf, aoff, bbuf, boff, cbuf)``:
+    ``cbuf[i * nr + j] = sum_q dot4(apack[aoff + q*mr + i], bpack[boff + q*nr + j])``
+    over ``kq`` groups of four k; buffers are int32 words of packed bytes."""
+    nv = nr // 16
+
+    @intrinsic
+    def micro(typingctx, kq, abuf, aoff, bbuf, boff, cbuf):
+        sig = types.void(types.intp, abuf, types.intp, bbuf, types.intp, cbuf)
+
+        def codegen(context, builder, signature, args):
+            kq_, a, aoff_, b, boff_, c = args
+            i32 = ir.IntType(32)
+            i64 = ir.IntType(64)
+            v16 = ir.VectorType(i32, 16)
+            ap = context.make_array(signature.args[1])(context, builder, a).data
+            bp = context.make_array(signature.args[3])(context, builder, b).data
+            cp = context.make_array(signature.args[5])(context, builder, c).data
+            ap = builder.gep(ap, [aoff_])
+            bp = builder.gep(bp, [boff_])
+            dp = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(v16, [v16, v16, v16]),
+                "llvm.x86.avx512.vpdpbusd.512")
+            zero = ir.Constant(v16, None)
+            accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
+                    for _ in range(mr)]
+            splat_mask = ir.Constant(v16, [0] * 16)
+            with cgutils.for_range(builder, kq_) as loop:
+                p = loop.index
+                bbase = builder.mul(p, ir.Constant(i64, nr))
+                bvec = []
+                for j in range(nv):
+                    ptr = builder.gep(bp, [builder.add(bbase, ir.Constant(i64, 16 * j))])
+                    bvec.append(builder.load(builder.bitcast(ptr, v16.as_pointer()), align=4))
+                abase = builder.mul(p, ir.Constant(i64, mr))
+                for i in range(mr):
+                    word = builder.load(builder.gep(ap, [builder.add(abase, ir.Constant(i64, i))]))
+                    one = builder.insert_element(ir.Constant(v16, ir.Undefined), word,
+                                                 ir.Constant(i32, 0))
+                    splat = builder.shuffle_vector(one, ir.Constant(v16, ir.Undefined),
+                                                   splat_mask)
+                    for j in range(nv):
+                        acc = builder.load(accs[i][j])
+                        builder.store(builder.call(dp, [acc, splat, bvec[j]]), accs[i][j])
+            for i in range(mr):
+                for j in range(nv):
+                    ptr = builder.gep(cp, [ir.Constant(i64, i * nr + 16 * j)])
+                    builder.store(builder.load(accs[i][j]),
+                                  builder.bitcast(ptr, v16.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return micro
+
+
+def _portable_micro_t(kq, abuf, aoff, bbuf, boff, cbuf):
+    # the same packed layout in plain Numba, for CPUs without VNNI
+    for x in range(MR * NR):
+        cbuf[x] = 0
+    for q in range(kq):
+        for i in range(MR):
+            wa = abuf[aoff + q * MR + i]
+            for j in range(NR):
+                wb = bbuf[boff + q * NR + j]
+                s = 0
+                for t in range(4):
+                    ua = (wa >> (8 * t)) & 0xFF
+                    sb = (wb >> (8 * t)) & 0xFF
+                    s += ua * (sb - ((sb & 0x80) << 1))
+                cbuf[i * NR + j] += s
+
+
+# ---------------------------------------------------------------------------
+# Packing
+
+
+@cpu_kernel(parallel=True)
+def _pack_a_kernel(a, off, sam, sak, m, k, flip, apk, rowsum):
+    # a: uint8 view of the matrix (flat, element strides sam, sak);
+    # apk: uint8 [m/MR][kq][MR][4]; rowsum[r] = sum_k (a ^ flip)
+    kq = (k + 3) // 4
+    nir = (m + MR - 1) // MR
+    for ir in prange(nir):
+        for i in range(MR):
+            r = ir * MR + i
+            s = 0
+            for q in range(kq):
+                base = ((ir * kq + q) * MR + i) * 4
+                for t in range(4):
+                    kk = 4 * q + t
+                    v = 0
+                    if r < m and kk < k:
+                        v = np.int64(a[off + r * sam + kk * sak]) ^ np.int64(flip)
+                    apk[base + t] = v
+                    s += v
+            if r < m:
+                rowsum[r] = s
+
+
+@cpu_kernel(parallel=True)
+def _pack_b_kernel(b, off, sbk, sbn, k, n, flip, bpk, colsum):
+    # b: uint8 view (flat, strides sbk, sbn) of the k x n matrix; bpk: uint8
+    # [n/NR][kq][NR][4] of the int8 bytes (b ^ flip); colsum[j] = their signed
+    # sum. The loop order follows the unit-stride axis of b.
+    kq = (k + 3) // 4
+    njr = (n + NR - 1) // NR
+    for jr in prange(njr):
+        cs = np.zeros(NR, np.int64)
+        cols = min(NR, n - jr * NR)
+        src0 = off + jr * NR * sbn
+        dst0 = jr * kq * NR * 4
+        if sbk == 1:
+            for j in range(NR):
+                for q in range(kq):
+                    for t in range(4):
+                        kk = 4 * q + t
+                        v = 0
+                        if j < cols and kk < k:
+                            v = np.int64(b[src0 + kk + j * sbn]) ^ np.int64(flip)
+                        bpk[dst0 + (q * NR + j) * 4 + t] = v
+                        cs[j] += v - ((v & 0x80) << 1)
+        else:
+            for q in range(kq):
+                for t in range(4):
+                    kk = 4 * q + t
+                    for j in range(NR):
+                        v = 0
+                        if j < cols and kk < k:
+                            v = np.int64(b[src0 + kk * sbk + j * sbn]) ^ np.int64(flip)
+                        bpk[dst0 + (q * NR + j) * 4 + t] = v
+                        cs[j] += v - ((v & 0x80) << 1)
+        for j in range(cols):
+            colsum[jr * NR + j] = cs[j]
+
+
+@cpu_kernel(parallel=True)
+def _pack_im2col_kernel(x, sc, sh, sw, cg, hgt, wid, kh, kw, st_h, st_w, pad_h, pad_w,
+                        dil_h, dil_w, ow_n, npix, flip, padv, bpk, colsum):
+    # B[kk, p] of the implicit GEMM: kk = (c * kh + i) * kw + j over the
+    # group's input channels and kernel taps, p = oh * OW + ow the output
+    # pixel; packed as _pack_b_kernel packs (bytes x ^ flip, padding padv)
+    k = cg * kh * kw
+    kq = (k + 3) // 4
+    njr = (npix + NR - 1) // NR
+    for jr in prange(njr):
+        cs = np.zeros(NR, np.int64)
+        hs = np.empty(NR, np.int64)
+        ws = np.empty(NR, np.int64)
+        cols = min(NR, npix - jr * NR)
+        for j in range(NR):
+            p = jr * NR + j
+            oh = p // ow_n
+            hs[j] = oh * st_h - pad_h
+            ws[j] = (p - oh * ow_n) * st_w - pad_w
+        dst0 = jr * kq * NR * 4
+        for q in range(kq):
+            for t in range(4):
+                kk = 4 * q + t
+                c = kk // (kh * kw)
+                rem = kk - c * kh * kw
+                i = rem // kw
+                dh = i * dil_h
+                dw = (rem - i * kw) * dil_w
+                base = c * sc
+                for j in range(NR):
+                    v = 0
+                    if j < cols and kk < k:
+                        h = hs[j] + dh
+                        w = ws[j] + dw
+                        if 0 <= h < hgt and 0 <= w < wid:
+                            v = np.int64(x[base + h * sh + w * sw]) ^ np.int64(flip)
+                        else:
+                            v = np.int64(padv)
+                    bpk[dst0 + (q * NR + j) * 4 + t] = v
+                    cs[j] += v - ((v & 0x80) << 1)
+        for j in range(cols):
+            colsum[jr * NR + j] = cs[j]
+
+
+def _words(nbytes):
+    """A zeroed int32 buffer of ``nbytes`` bytes and its uint8 view."""
+    w = np.empty(nbytes // 4, np.int32)
+    return w, w.view(np.uint8)
+
+
+def pack_a(a8, off, sam, sak, m, k, flip):
+    """Pack the m x k matrix at element ``off`` of ``a8`` (a flat uint8 view, element strides
+    ``sam``/``sak``; ``flip`` 0x80 for int8 data) for the micro-kernel:
+    ``(apack int32 words, rowsum int32[m])``."""
+    kq = (k + 3) // 4
+    words, bytes_ = _words(((m + MR - 1) // MR) * kq * MR * 4)
+    rowsum = np.empty(m, np.int32)
+    if m and k:
+        _pack_a_kernel(a8, off, sam, sak, m, k, np.uint8(flip), bytes_, rowsum)
+    else:
+        words[:] = 0
+        rowsum[:] = 0
+    return words, rowsum
+
+
+def pack_b(b8, off, sbk, sbn, k, n, flip):
+    """Pack the k x n matrix ``b8`` (flat uint8 view, element strides;
+    ``flip`` 0x80 for uint8 data) as signed bytes: ``(bpack int32 words,
+    colsum int32[n])``."""
+    kq = (k + 3) // 4
+    words, bytes_ = _words(((n + NR - 1) // NR) * kq * NR * 4)
+    colsum = np.empty(n, np.int32)
+    if n and k:
+        _pack_b_kernel(b8, off, sbk, sbn, k, n, np.uint8(flip), bytes_, colsum)
+    else:
+        words[:] = 0
+        colsum[:] = 0
+    return words, colsum
+
+
+def pack_im2col(x8, sc, sh, sw, cg, hgt, wid, kh, kw, stride, padding, dilation, oh, ow,
+                flip, pad_value):
+    """Pack the implicit-GEMM operand of a convolution (one image, one group)
+    straight from the input: ``x8`` is a flat uint8 view starting at the
+    group's first channel, with element strides ``sc``/``sh``/``sw``;
+    positions in the padding read ``pad_value`` (the input's zero point).
+    Returns ``(bpack, colsum)`` over k = cg*kh*kw rows and oh*ow columns."""
+    k = cg * kh * kw
+    n = oh * ow
+    kq = (k + 3) // 4
+    words, bytes_ = _words(((n + NR - 1) // NR) * kq * NR * 4)
+    colsum = np.empty(n, np.int32)
+    if n and k:
+        _pack_im2col_kernel(x8, sc, sh, sw, cg, hgt, wid, kh, kw, stride[0], stride[1],
+                            padding[0], padding[1], dilation[0], dilation[1], ow, n,
+                            np.uint8(flip), np.uint8((pad_value ^ flip) & 0xFF), bytes_,
+                            colsum)
+    else:
+        words[:] = 0
+        colsum[:] = 0
+    return words, colsum
+
+
+# ---------------------------------------------------------------------------
+# Product and epilogue
+
+# Templates bound per micro-kernel by _make_driver (globals frozen as constants).
+_micro = None
+
+
+def _epilogue_t(tile, r0, c0, m, n, k, rowsum, za, colsum, zb, oi, ob, of, ldo, mode, bias,
+                mult, shift, ozp, qmin, qmax, fscale, fbias, pr):
+    # pr: per-channel parameters (bias, mult, shift, fscale, fbias) are
+    # indexed by row (1: conv, whose rows are output channels) or column (0)
+    rows = min(MR, m - r0)
+    cols = min(NR, n - c0)
+    has_bias = bias.size > 0
+    has_fbias = fbias.size > 0
+    pc = 1 - pr
+    for i in range(rows):
+        r = r0 + i
+        ra = np.int64(rowsum[r])
+        zr = np.int64(za[r])
+        kz = k * zr
+        trow = tile[i * NR:i * NR + cols]
+        zbs = zb[c0:c0 + cols]
+        css = colsum[c0:c0 + cols]
+        o0 = r * ldo + c0
+        p0 = r * pr + c0 * pc
+        if mode == 0:
+            orow = oi[o0:o0 + cols]
+            for j in range(cols):
+                v = trow[j] - zbs[j] * ra - zr * css[j] + kz * zbs[j]
+                if has_bias:
+                    v += bias[p0 + j * pc]
+                orow[j] = v
+        elif mode == 1:
+            orow = ob[o0:o0 + cols]
+            for j in range(cols):
+                v = trow[j] - zbs[j] * ra - zr * css[j] + kz * zbs[j]
+                if has_bias:
+                    v += bias[p0 + j * pc]
+                orow[j] = _requant.requantize(v, mult[p0 + j * pc], shift[p0 + j * pc], ozp,
+                                              qmin, qmax)
+        elif mode == 2:
+            orow = ob[o0:o0 + cols]
+            for j in range(cols):
+                v = trow[j] - zbs[j] * ra - zr * css[j] + kz * zbs[j]
+                if has_bias:
+                    v += bias[p0 + j * pc]
+                orow[j] = _requant.requantize_float(v, fscale[p0 + j * pc], ozp, qmin, qmax)
+        else:
+            orow = of[o0:o0 + cols]
+            for j in range(cols):
+                v = trow[j] - zbs[j] * ra - zr * css[j] + kz * zbs[j]
+                if has_bias:
+                    v += bias[p0 + j * pc]
+                f = np.float32(np.int32(v)) * np.float32(fscale[p0 + j * pc])
+                if has_fbias:
+                    f += fbias[p0 + j * pc]
+                orow[j] = f
+
+
+def _gemm_t(apk, rowsum, za, bpk, colsum, zb, m, n, k, oi, ob, of, ldo, mode, bias, mult, shift,
+            ozp, qmin, qmax, fscale, fbias, pr, mc, nthreads):
+    kq = (k + 3) // 4
+    nir = (m + MR - 1) // MR
+    njr = (n + NR - 1) // NR
+    per_mc = max(1, mc // MR)
+    nmc = (nir + per_mc - 1) // per_mc
+    nj = max(1, min(njr, (TASKS_PER_THREAD * nthreads + nmc - 1) // nmc))
+    per = (njr + nj - 1) // nj
+    for t in prange(nmc * nj):
+        tile = np.empty(MR * NR, np.int32)
+        ir0 = (t // nj) * per_mc
+        ir1 = min(nir, ir0 + per_mc)
+        jr0 = (t % nj) * per
+        jr1 = min(njr, jr0 + per)
+        for jr in range(jr0, jr1):
+            for ir in range(ir0, ir1):
+                _micro(kq, apk, ir * kq * MR, bpk, jr * kq * NR, tile)
+                _epilogue(tile, ir * MR, jr * NR, m, n, k, rowsum, za, colsum, zb, oi, ob, of,
+                          ldo, mode, bias, mult, shift, ozp, qmin, qmax, fscale, fbias, pr)
+
+
+def _make_driver(kind):
+    import types as pytypes
+
+    from numba.extending import register_jitable
+
+    scope = dict(globals())
+    if kind == "vnni":
+        scope["_micro"] = _make_micro(MR, NR)
+    else:
+        scope["_micro"] = register_jitable(pytypes.FunctionType(
+            _portable_micro_t.__code__, scope, "qgemm_micro_portable"))
+    name = f"qgemm_{kind}"
+    epi = pytypes.FunctionType(_epilogue_t.__code__, scope, f"{name}_epilogue")
+    scope["_epilogue"] = register_jitable(epi)
+    fn = pytypes.FunctionType(_gemm_t.__code__, scope, name)
+    fn.__qualname__ = name
+    return cpu_kernel(fn, parallel=True)
+
+
+_DRIVERS = {}
+_OUT_TYPES = (np.dtype(np.int32), np.dtype(np.uint8), np.dtype(np.float32))
+_EMPTY = {t: np.empty(0, t) for t in _OUT_TYPES}
+
+
+def driver(kind=None):
+    """The parallel product kernel for ``kind`` ("vnni" or "portable";
+    default: the host's), built on first use."""
+    kind = kind or ("vnni" if has_vnni() else "portable")
+    d = _DRIVERS.get(kind)
+    if d is None:
+        d = _DRIVERS[kind] = _make_driver(kind)
+    return d
+
+
+def gemm(apk, rowsum, za, bpk, colsum, zb, m, n, k, out, mode, bias, mult, shift, ozp,
+         qmin, qmax, fscale, fbias, per_row=False, kind=None):
+    """``out (m x n, C-contiguous) = epilogue(A @ B)`` from packed operands.
+
+    ``za`` (m,) and ``zb`` (n,) are the int32 zero points *after* the
+    packing offsets (``za + sa``, ``zb - sb``); ``mode`` indexes ``MODES``;
+    ``bias`` int32 (n,) or empty; ``mult``/``shift`` int32 (n,) for "fixed";
+    ``fscale`` float64 (n,) for "float" and "dequant"; ``fbias`` float32 (n,)
+    or empty for "dequant"; these per-channel parameters belong to rows
+    when ``per_row`` (conv: rows are output channels), else to columns.
+    int8 ``out`` is passed as its uint8 view.
+    """
+    if out.size == 0:
+        return out
+    # one compiled signature for every output type: the unused two are empty
+    flat = out.reshape(-1)
+    outs = [flat if flat.dtype == t else _EMPTY[t] for t in _OUT_TYPES]
+    driver(kind)(apk, rowsum, za, bpk, colsum, zb, m, n, k, *outs, n, mode, bias, mult,
+                 shift, ozp, qmin, qmax, fscale, fbias, int(bool(per_row)), MC,
+                 get_num_threads())
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Entry points (the registry's "quant.int8_gemm" and "quant.int8_conv2d")
+
+
+def gemm_op(abuf, offa, sam, sak, flip_a, za, bop, zb, out3, m, n, k, epi):
+    """``out3[b] = epilogue((A_b - za) @ (B_b - zb))`` for every batch index.
+
+    ``abuf`` is a flat uint8 view of A with per-batch element offsets
+    ``offa`` and element strides; ``flip_a`` is 0x80 for int8 data; ``za``
+    (m,) and ``zb`` (n,) are int32 zero points already shifted by the
+    packing offsets. ``bop`` carries B raw (``b8``, ``offb``, ``sbk``,
+    ``sbn``, ``flip``) or pre-packed (``bop.packed``). ``epi`` is
+    ``(mode, bias, mult, shift, ozp, qmin, qmax, fscale, fbias, per_row)``.
+    Operands shared by several batch entries (broadcasting) are packed once.
+    """
+    apacks, bpacks = {}, {}
+    for bi in range(out3.shape[0]):
+        oa = int(offa[bi])
+        if oa not in apacks:
+            apacks = {oa: pack_a(abuf, oa, sam, sak, m, k, flip_a)}
+        if bop.packed is not None:
+            bp = bop.packed
+        else:
+            ob = int(bop.offb[bi])
+            if ob not in bpacks:
+                bpacks = {ob: pack_b(bop.b8, ob, bop.sbk, bop.sbn, k, n, bop.flip)}
+            bp = bpacks[ob]
+        apk, rs = apacks[oa]
+        gemm(apk, rs, za, bp[0], bp[1], zb, m, n, k, out3[bi], *epi)
+    return out3
+
+
+def conv2d_op(x8, flip_x, xzp, pw, geom, ohw, out, epi):
+    """QLinearConv as one implicit GEMM per image and group:
+    ``out[img, group channels] (OCg x OH*OW) = W_g (OCg x k) @ im2col(x)``,
+    the weights the (pre-packed, unsigned) A side and the unfolded input the
+    signed B side (``flip_x`` is the A-side flip of x's dtype; the B side
+    flips the other way). ``x8`` is the C-contiguous uint8 view of the
+    input, ``pw`` a PackedWeight, ``geom`` (stride, padding, dilation)
+    pairs, ``epi`` as :func:`gemm_op` with per-row (per-channel) parameters.
+    """
+    st, pad, dil = geom
+    oh, ow = ohw
+    nimg, c, hgt, wid = (int(v) for v in x8.shape)
+    oc, cg, kh, kw = pw.shape
+    g = pw.groups
+    ocg = oc // g
+    k = cg * kh * kw
+    npix = oh * ow
+    wflip = 0x80 if pw.qweight.dtype == np.dtype(np.int8) else 0
+    za = (pw.zp + (128 if wflip else 0)).astype(np.int32)
+    bflip = flip_x ^ 0x80
+    zb = np.full(npix, int(xzp) - (128 if bflip else 0), np.int32)
+    mode, bias, mult, shift, ozp, qmin, qmax, fscale, fbias, _ = epi
+    xflat = x8.reshape(-1)
+    outg = out.reshape(nimg, g, ocg, npix)
+    for img in range(nimg):
+        for gi in range(g):
+            base = (img * c + gi * cg) * hgt * wid
+            bpk, cs = pack_im2col(xflat[base:], hgt * wid, wid, 1, cg, hgt, wid, kh, kw, st,
+                                  pad, dil, oh, ow, bflip, int(xzp))
+            sl = slice(gi * ocg, (gi + 1) * ocg)
+
+            def part(v):
+                return v[sl] if v.size else v
+
+            gemm(pw.words[gi], pw.sums[gi], za[sl], bpk, cs, zb, ocg, npix, k, outg[img, gi],
+                 mode, part(bias), part(mult), part(shift), ozp, qmin, qmax, part(fscale),
+                 part(fbias), per_row=True)
+    return out
