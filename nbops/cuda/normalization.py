@@ -7,8 +7,10 @@ with a shared-memory tree. Layer norm takes two passes over its row (mean,
 then squared deviations from it); batch norm keeps a Welford (count, mean,
 M2) per thread and merges them pairwise with Chan's formula, so neither
 forms ``E[x^2] - E[x]^2``. Elementwise steps (normalise, input gradient)
-are grid-stride loops with per-channel coefficients. Entry points have the
-CPU module's signatures; launch sizes come from :mod:`nbops.cuda._launch`.
+are grid-stride loops with per-channel coefficients. Loads are widened with
+``float64()`` before they meet an accumulator (the simulator would otherwise
+keep float32 arithmetic: NumPy treats the Python-float accumulator as weak).
+Entry points have the CPU module's signatures; launch sizes come from :mod:`nbops.cuda._launch`.
 """
 
 import math
@@ -77,11 +79,11 @@ def _row_stats(sh, x, r, eps, centered):
     if centered:
         s = 0.0
         for j in range(t, d, _T):
-            s += x[r, j]
+            s += float64(x[r, j])
         mean = _block_sum(sh, s) / d
     q = 0.0
     for j in range(t, d, _T):
-        e = x[r, j] - mean
+        e = float64(x[r, j]) - mean
         q += e * e
     return mean, 1.0 / math.sqrt(_block_sum(sh, q) / d + eps)
 
@@ -107,9 +109,9 @@ def _rows_backward(x, g, w, eps, centered, dx, stats):
         sg = 0.0
         sgx = 0.0
         for j in range(t, d, _T):
-            gy = g[r, j] * w[j]
+            gy = float64(g[r, j]) * w[j]
             sg += gy
-            sgx += gy * (x[r, j] - mean) * rstd
+            sgx += gy * (float64(x[r, j]) - mean) * rstd
         sg = _block_sum(sh, sg)
         sgx = _block_sum(sh, sgx)
         a = sg / d if centered else 0.0
@@ -129,8 +131,9 @@ def _rows_param_grads(x, g, stats, dw, db):
         sw = 0.0
         sb = 0.0
         for r in range(rows):
-            sw += g[r, j] * (x[r, j] - stats[0, r]) * stats[1, r]
-            sb += g[r, j]
+            gv = float64(g[r, j])
+            sw += gv * (x[r, j] - stats[0, r]) * stats[1, r]
+            sb += gv
         dw[j] = sw
         db[j] = sb
 
@@ -179,7 +182,7 @@ def _channel_stats(x, eps, mean, invstd, rmean, rvar, momentum, update):
         m2 = 0.0
         for k in range(t, total, _T):  # Welford over this thread's share
             i = k // s
-            v = x[i, ch, k - i * s]
+            v = float64(x[i, ch, k - i * s])
             cnt += 1.0
             dl = v - mu
             mu += dl / cnt
@@ -234,14 +237,15 @@ def _channel_grad_sums(x, g, mean, invstd, w, training, coef, dweight, dbias):
     total = n * s
     t = cuda.threadIdx.x
     for ch in range(cuda.blockIdx.x, c, cuda.gridDim.x):
-        m = mean[ch]
+        m = float64(mean[ch])
         a = 0.0
         b = 0.0
         for k in range(t, total, _T):
             i = k // s
             j = k - i * s
-            a += g[i, ch, j]
-            b += g[i, ch, j] * (x[i, ch, j] - m)
+            gv = float64(g[i, ch, j])
+            a += gv
+            b += gv * (x[i, ch, j] - m)
         a = _block_sum(sh, a)
         b = _block_sum(sh, b)
         if t == 0:

@@ -1,0 +1,402 @@
+"""batch_norm, layer_norm, rms_norm and their nn modules against NumPy
+references written from the formulas, on CPU and (simulated) CUDA.
+
+One table of cases per operator drives forward-vs-reference on both
+devices; gradcheck (float64, CPU) covers every backward, and the CUDA
+backward is compared with the CPU's. Large offsets (1e4 in float32, 1e8 in
+float64, unit variance) check that the statistics are computed stably:
+``E[x^2] - E[x]^2`` loses every digit of the variance there.
+"""
+
+import numpy as np
+import pytest
+
+import nbops
+from nbops import nn
+from nbops.autograd import Tensor, gradcheck
+from helpers import host, to_dev
+
+
+# ---------------------------------------------------------------------------
+# References
+
+
+def _bcast(v, ndim):
+    return v.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+def ref_batch_norm(x, rm, rv, w, b, training, momentum, eps):
+    """``(y, new_running_mean, new_running_var)`` in float64."""
+    x = x.astype(np.float64)
+    axes = (0,) + tuple(range(2, x.ndim))
+    if training:
+        mean, var = x.mean(axis=axes), x.var(axis=axes)
+        count = x.size // x.shape[1]
+        if rm is not None:
+            rm = (1 - momentum) * rm + momentum * mean
+            rv = (1 - momentum) * rv + momentum * var * count / (count - 1)
+    else:
+        mean, var = rm.astype(np.float64), rv.astype(np.float64)
+    y = (x - _bcast(mean, x.ndim)) / np.sqrt(_bcast(var, x.ndim) + eps)
+    if w is not None:
+        y = y * _bcast(w, x.ndim)
+    if b is not None:
+        y = y + _bcast(b, x.ndim)
+    return y, rm, rv
+
+
+def ref_layer_norm(x, ns, w, b, eps, centered=True):
+    axes = tuple(range(x.ndim - len(ns), x.ndim))
+    x = x.astype(np.float64)
+    mean = x.mean(axis=axes, keepdims=True) if centered else 0.0
+    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    y = (x - mean) / np.sqrt(var + eps)
+    if w is not None:
+        y = y * w
+    if b is not None:
+        y = y + b
+    return y
+
+
+# ---------------------------------------------------------------------------
+# Cases: (shape, training, affine, running stats given)
+
+BN_CASES = [
+    ((5, 3), True, True, True),
+    ((4, 3, 7), False, True, True),
+    ((2, 3, 4, 5), True, False, True),
+    ((3, 2, 3, 3), False, False, True),
+    ((2, 4, 6), True, True, False),        # training without running statistics
+    ((1, 2, 1, 2), True, True, True),      # two values per channel
+]
+BN_IDS = [f"{'x'.join(map(str, s))}-{'train' if t else 'eval'}-{'affine' if a else 'plain'}"
+          f"{'' if r else '-nostats'}" for s, t, a, r in BN_CASES]
+
+# (x shape, normalized_shape, weight, bias, centered)
+ROW_CASES = [
+    ((3, 4, 7), (4, 7), True, True, True),
+    ((5, 33), (33,), False, False, True),
+    ((2, 1), (1,), True, True, True),
+    ((2, 3, 40), (40,), True, False, False),
+    ((6, 5), (5,), False, False, False),
+]
+ROW_IDS = [f"{'x'.join(map(str, s))}-{'ln' if c else 'rms'}{'-w' if w else ''}"
+           f"{'-b' if b else ''}" for s, _, w, b, c in ROW_CASES]
+
+
+def _rand(rng, shape, dtype=np.float64, loc=0.0):
+    return (loc + rng.standard_normal(shape)).astype(dtype)
+
+
+def _bn_inputs(rng, shape, affine, stats, dtype=np.float64):
+    c = shape[1]
+    x = _rand(rng, shape, dtype, loc=2.0)
+    rm = _rand(rng, c, dtype) if stats else None
+    rv = (0.5 + rng.random(c)).astype(dtype) if stats else None
+    w = _rand(rng, c, dtype) if affine else None
+    b = _rand(rng, c, dtype) if affine else None
+    return x, rm, rv, w, b
+
+
+def _rows_call(x, ns, w, b, centered, **kw):
+    if centered:
+        return nbops.layer_norm(x, ns, w, b, **kw)
+    return nbops.rms_norm(x, ns, w, **kw)
+
+
+# ---------------------------------------------------------------------------
+# Forward against the references, both devices
+
+
+@pytest.mark.parametrize("shape,training,affine,stats", BN_CASES, ids=BN_IDS)
+def test_batch_norm_matches_reference(device, shape, training, affine, stats):
+    rng = np.random.default_rng(len(shape) * 10 + shape[1])
+    x, rm, rv, w, b = _bn_inputs(rng, shape, affine, stats)
+    want, want_rm, want_rv = ref_batch_norm(x, rm, rv, w, b, training, 0.3, 1e-3)
+    d_rm, d_rv = to_dev(rm, device), to_dev(rv, device)
+    y = nbops.batch_norm(to_dev(x, device), d_rm, d_rv, to_dev(w, device), to_dev(b, device),
+                         training=training, momentum=0.3, eps=1e-3)
+    np.testing.assert_allclose(host(y), want, rtol=1e-10, atol=1e-10)
+    if stats:  # updated in place in training (unbiased variance), untouched in eval
+        np.testing.assert_allclose(host(d_rm), want_rm, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(host(d_rv), want_rv, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape,ns,has_w,has_b,centered", ROW_CASES, ids=ROW_IDS)
+def test_rows_match_reference(device, shape, ns, has_w, has_b, centered):
+    rng = np.random.default_rng(sum(shape))
+    x = _rand(rng, shape, loc=-3.0)
+    w = _rand(rng, ns) if has_w else None
+    b = _rand(rng, ns) if has_b else None
+    eps = 1e-5 if centered else 1e-6
+    y = _rows_call(to_dev(x, device), ns, to_dev(w, device), to_dev(b, device), centered,
+                   eps=eps)
+    np.testing.assert_allclose(host(y), ref_layer_norm(x, ns, w, b, eps, centered),
+                               rtol=1e-11, atol=1e-11)
+
+
+def test_rms_norm_default_eps_is_machine_epsilon():
+    x = np.array([[1e-5, -2e-5, 3e-5]], np.float32)
+    want = ref_layer_norm(x, (3,), None, None, float(np.finfo(np.float32).eps), False)
+    np.testing.assert_allclose(nbops.rms_norm(x, 3), want, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# Stability: large offsets, small variance
+
+
+@pytest.mark.parametrize("dtype,offset", [(np.float32, 1e4), (np.float64, 1e8)])
+def test_batch_statistics_are_stable_under_offsets(device, dtype, offset):
+    rng = np.random.default_rng(3)
+    x = (offset + rng.standard_normal((4, 2, 3, 5))).astype(dtype)
+    rm, rv = np.zeros(2, dtype), np.zeros(2, dtype)
+    d_rm, d_rv = to_dev(rm, device), to_dev(rv, device)
+    y = nbops.batch_norm(to_dev(x, device), d_rm, d_rv, training=True, momentum=1.0, eps=0.0)
+    xd = x.astype(np.float64)  # the exact values the kernel saw
+    want_mean = xd.mean(axis=(0, 2, 3))
+    want_var = xd.var(axis=(0, 2, 3), ddof=1)
+    np.testing.assert_allclose(host(d_rm), want_mean, rtol=1e-7 if dtype == np.float32 else 1e-15)
+    # a variance near 1 beside a mean of 1e4 (float32) or 1e8 (float64):
+    # E[x^2] - E[x]^2 would have no correct digit left
+    np.testing.assert_allclose(host(d_rv), want_var, rtol=1e-5 if dtype == np.float32 else 1e-9)
+    want = ref_batch_norm(xd, None, None, None, None, True, 0.1, 0.0)[0]
+    atol = 2e-3 if dtype == np.float32 else 1e-7  # the input's own rounding at 1e4 / 1e8
+    np.testing.assert_allclose(host(y), want, atol=atol)
+
+
+@pytest.mark.parametrize("dtype,offset", [(np.float32, 1e4), (np.float64, 1e8)])
+def test_layer_norm_is_stable_under_offsets(device, dtype, offset):
+    rng = np.random.default_rng(4)
+    x = (offset + rng.standard_normal((3, 50))).astype(dtype)
+    y = nbops.layer_norm(to_dev(x, device), 50, eps=0.0)
+    want = ref_layer_norm(x.astype(np.float64), (50,), None, None, 0.0)
+    atol = 2e-3 if dtype == np.float32 else 1e-7
+    np.testing.assert_allclose(host(y), want, atol=atol)
+    assert np.abs(host(y).astype(np.float64).std(axis=1) - 1).max() < 1e-3
+
+
+# ---------------------------------------------------------------------------
+# Backward: gradcheck on the CPU, CUDA against the CPU
+
+
+def _stat(value, n, device):
+    return to_dev(np.full(n, float(value)), device)
+
+
+# (name, fn(x, weight, bias, device), x shape, parameter shape)
+GRAD_CASES = [
+    ("bn-train-2d", lambda x, w, b, d: nbops.batch_norm(x, None, None, w, b, training=True),
+     (6, 3), (3,)),
+    ("bn-train-3d", lambda x, w, b, d: nbops.batch_norm(x, None, None, w, b, training=True,
+                                                        eps=0.1), (3, 2, 4), (2,)),
+    ("bn-train-4d", lambda x, w, b, d: nbops.batch_norm(x, _stat(0, 2, d), _stat(1, 2, d), w, b,
+                                                        training=True), (2, 2, 3, 2), (2,)),
+    ("bn-eval-4d", lambda x, w, b, d: nbops.batch_norm(x, _stat(0.5, 2, d), _stat(2, 2, d), w, b),
+     (2, 2, 2, 3), (2,)),
+    ("layer_norm", lambda x, w, b, d: nbops.layer_norm(x, (3, 4), w, b), (2, 3, 4), (3, 4)),
+    ("rms_norm", lambda x, w, b, d: nbops.rms_norm(x, 5, w) + b, (3, 5), (5,)),
+]
+GRAD_IDS = [c[0] for c in GRAD_CASES]
+
+
+@pytest.mark.parametrize("name,fn,xshape,pshape", GRAD_CASES, ids=GRAD_IDS)
+def test_gradcheck(name, fn, xshape, pshape):
+    rng = np.random.default_rng(5)
+    x = Tensor(_rand(rng, xshape, loc=1.0), requires_grad=True)
+    w = Tensor(_rand(rng, pshape), requires_grad=True)
+    b = Tensor(_rand(rng, pshape), requires_grad=True)
+    assert gradcheck(lambda *t: fn(*t, "cpu"), [x, w, b], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name,fn,xshape,pshape", GRAD_CASES[1:], ids=GRAD_IDS[1:])
+def test_cuda_backward_matches_cpu(name, fn, xshape, pshape):
+    rng = np.random.default_rng(6)
+    arrays = [_rand(rng, xshape, loc=1.0), _rand(rng, pshape), _rand(rng, pshape)]
+    g = _rand(rng, xshape)
+    grads = []
+    for device in ("cpu", "cuda"):
+        ts = [Tensor(to_dev(a, device), requires_grad=True) for a in arrays]
+        fn(*ts, device).backward(to_dev(g, device))
+        grads.append([host(t.grad) for t in ts])
+    for got, want in zip(grads[1], grads[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_training_backward_goes_through_the_batch_statistics():
+    rng = np.random.default_rng(7)
+    x = Tensor(_rand(rng, (4, 3)), requires_grad=True)
+    y = nbops.batch_norm(x, None, None, training=True, eps=0.0)
+    (y * y).sum().backward()
+    # d/dx sum(xhat^2) is 0: with eps = 0, sum(xhat^2) is the count per
+    # channel whatever x is (the batch statistics' dependence on x cancels)
+    np.testing.assert_allclose(x.grad, 0.0, atol=1e-10)
+
+
+# ---------------------------------------------------------------------------
+# out=, strided inputs, empty inputs
+
+
+def test_out_and_strided_input():
+    rng = np.random.default_rng(8)
+    base = _rand(rng, (6, 4, 10))
+    x = base[::2, :, ::2]                       # not contiguous
+    out = np.empty(x.shape)
+    r = nbops.layer_norm(x, 5, out=out)
+    assert r is out
+    np.testing.assert_allclose(out, ref_layer_norm(x, (5,), None, None, 1e-5), atol=1e-12)
+    xt = base.transpose(1, 0, 2)                # (4, 6, 10): channels 6
+    rm, rv = np.zeros(6), np.ones(6)
+    y = nbops.batch_norm(xt, rm, rv, training=True)
+    np.testing.assert_allclose(y, ref_batch_norm(xt, None, None, None, None, True, 0.1,
+                                                 1e-5)[0], atol=1e-12)
+
+
+def test_empty_inputs():
+    assert nbops.layer_norm(np.empty((0, 4)), 4).shape == (0, 4)
+    assert nbops.rms_norm(np.empty((2, 0)), 0).shape == (2, 0)
+    y = nbops.batch_norm(np.empty((0, 3, 2)), np.zeros(3), np.ones(3))
+    assert y.shape == (0, 3, 2)
+
+
+# ---------------------------------------------------------------------------
+# Errors
+
+X4 = np.zeros((2, 3, 4, 4))
+C3 = np.zeros(3)
+BN_ERRORS = [
+    (dict(x=np.zeros((2, 3), np.int32)), TypeError, "'x' must be a float32 or float64"),
+    (dict(x=np.zeros(3)), ValueError, "must be 2-D"),
+    (dict(x=np.zeros((1, 2, 3, 4, 5))), ValueError, "must be 2-D"),
+    (dict(running_mean=np.zeros(4)), ValueError, "'running_mean' must have shape \\(3,\\)"),
+    (dict(running_var=np.ones((3, 1))), ValueError, "'running_var' must have shape"),
+    (dict(weight=np.ones(2)), ValueError, "'weight' must have shape"),
+    (dict(bias=np.ones(5)), ValueError, "'bias' must have shape"),
+    (dict(running_mean=np.zeros(3, np.float32)), TypeError, "cast one of them"),
+    (dict(running_mean=None), ValueError, "'running_mean' is None"),
+    (dict(eps=-1e-5), ValueError, "'eps' must be >= 0"),
+    (dict(eps=float("nan")), ValueError, "'eps' must be finite"),
+    (dict(momentum=1.5, training=True), ValueError, "'momentum' must be <= 1"),
+    (dict(momentum=None, training=True), TypeError, "cumulative average"),
+    (dict(training="yes"), TypeError, "'training' must be a bool"),
+    (dict(x=np.zeros((1, 3)), training=True), ValueError, "more than 1 value per channel"),
+    (dict(running_var=np.ones(6)[::2], training=True), ValueError, "must be contiguous"),
+    (dict(out=np.zeros((2, 3, 4))), ValueError, "'out' must have shape"),
+]
+
+
+@pytest.mark.parametrize("kwargs,exc,match", BN_ERRORS, ids=[m[:24] for _, _, m in BN_ERRORS])
+def test_batch_norm_errors(kwargs, exc, match):
+    args = dict(x=X4, running_mean=C3, running_var=C3 + 1)
+    args.update(kwargs)
+    x = args.pop("x")
+    with pytest.raises(exc, match="batch_norm: " + ".*" + match):
+        nbops.batch_norm(x, args.pop("running_mean"), args.pop("running_var"), **args)
+
+
+def test_batch_norm_mixed_devices():
+    pytest.importorskip("numba.cuda")
+    with pytest.raises(TypeError, match="different devices"):
+        nbops.batch_norm(X4, to_dev(C3, "cuda"), C3 + 1)
+
+
+ROW_ERRORS = [
+    ("layer_norm", dict(normalized_shape=(5,)), ValueError, "not .*suffix|suffix of the shape"),
+    ("layer_norm", dict(normalized_shape=(3, 4)), ValueError, "suffix"),
+    ("layer_norm", dict(normalized_shape=()), ValueError, "non-empty suffix"),
+    ("layer_norm", dict(normalized_shape=(1, 2, 3, 4, 4)), ValueError, "suffix"),
+    ("layer_norm", dict(normalized_shape="4"), TypeError, "sequence of ints"),
+    ("layer_norm", dict(weight=np.ones(3)), ValueError, "'weight' must have shape"),
+    ("layer_norm", dict(bias=np.ones((4, 1))), ValueError, "'bias' must have shape"),
+    ("layer_norm", dict(weight=np.ones(4, np.float32)), TypeError, "cast one of them"),
+    ("layer_norm", dict(eps=-1.0), ValueError, "'eps' must be >= 0"),
+    ("rms_norm", dict(normalized_shape=(4, 4, 4)), ValueError, "suffix"),
+    ("rms_norm", dict(weight=np.ones(5)), ValueError, "'weight' must have shape"),
+    ("rms_norm", dict(x=np.zeros((2, 4), np.int64)), TypeError, "float32 or float64"),
+]
+
+
+@pytest.mark.parametrize("op,kwargs,exc,match", ROW_ERRORS,
+                         ids=[f"{o}-{m[:20]}" for o, _, _, m in ROW_ERRORS])
+def test_row_norm_errors(op, kwargs, exc, match):
+    args = dict(x=X4, normalized_shape=4)
+    args.update(kwargs)
+    with pytest.raises(exc, match=f"{op}: .*(" + match + ")"):
+        getattr(nbops, op)(args.pop("x"), args.pop("normalized_shape"), **args)
+
+
+# ---------------------------------------------------------------------------
+# nn modules
+
+
+def test_batchnorm2d_module_tracks_running_statistics():
+    rng = np.random.default_rng(9)
+    bn = nn.BatchNorm2d(3, momentum=0.2, dtype=np.float64)
+    assert (bn.weight.shape, bn.bias.shape, bn.running_mean.shape) == ((3,), (3,), (3,))
+    rm, rv = np.zeros(3), np.ones(3)
+    for step in range(2):
+        x = _rand(rng, (2, 3, 4, 4), loc=step)
+        with nbops.no_grad():
+            y = bn(x)
+        want, rm, rv = ref_batch_norm(x, rm, rv, None, None, True, 0.2, 1e-5)
+        np.testing.assert_allclose(y, want, atol=1e-12)
+    np.testing.assert_allclose(bn.running_mean, rm, atol=1e-14)
+    np.testing.assert_allclose(bn.running_var, rv, atol=1e-14)
+    assert int(bn.num_batches_tracked) == 2
+    bn.eval()
+    with nbops.no_grad():
+        y = bn(x)
+    np.testing.assert_allclose(y, ref_batch_norm(x, rm, rv, None, None, False, 0, 1e-5)[0],
+                               atol=1e-12)
+    assert int(bn.num_batches_tracked) == 2
+
+
+def test_batchnorm1d_cumulative_average_and_state_dict():
+    rng = np.random.default_rng(10)
+    bn = nn.BatchNorm1d(2, momentum=None, dtype=np.float64)
+    xs = [_rand(rng, (5, 2, 3), loc=k) for k in range(3)]
+    with nbops.no_grad():
+        for x in xs:
+            bn(x)
+    # momentum=None: the plain average of the batches' statistics
+    np.testing.assert_allclose(bn.running_mean, np.mean([x.mean(axis=(0, 2)) for x in xs], 0),
+                               atol=1e-14)
+    np.testing.assert_allclose(bn.running_var,
+                               np.mean([x.var(axis=(0, 2), ddof=1) for x in xs], 0), atol=1e-14)
+    state = bn.state_dict()
+    assert list(state) == ["weight", "bias", "running_mean", "running_var",
+                           "num_batches_tracked"]
+    other = nn.BatchNorm1d(2, dtype=np.float64)
+    other.load_state_dict({k: np.array(v) for k, v in state.items()})
+    np.testing.assert_array_equal(other.running_var, bn.running_var)
+    assert other.running_var is not state["running_var"]
+    with pytest.raises(ValueError, match="expected a 2-D or 3-D input"):
+        bn(np.zeros((1, 2, 3, 4)))
+
+
+def test_batchnorm_without_tracking_uses_batch_statistics():
+    bn = nn.BatchNorm2d(2, affine=False, track_running_stats=False, dtype=np.float64).eval()
+    x = _rand(np.random.default_rng(11), (3, 2, 2, 2))
+    assert bn.running_mean is None and bn.weight is None
+    np.testing.assert_allclose(bn(x), ref_batch_norm(x, None, None, None, None, True, 0,
+                                                     1e-5)[0], atol=1e-12)
+
+
+def test_norm_modules_train():
+    rng = np.random.default_rng(12)
+    model = nn.Sequential(nn.Linear(6, 6, dtype=np.float64, rng=0), nn.LayerNorm(6, dtype=np.float64),
+                          nn.RMSNorm(6, eps=1e-6, dtype=np.float64),
+                          nn.BatchNorm1d(6, dtype=np.float64))
+    x = _rand(rng, (4, 6))
+    model(x).sum().backward()
+    grads = {k: p.grad for k, p in model.named_parameters()}
+    assert set(grads) == {"0.weight", "0.bias", "1.weight", "1.bias", "2.weight", "3.weight",
+                          "3.bias"}
+    # the sum over a batch-normed axis depends on bias only: d/d weight is 0
+    np.testing.assert_allclose(grads["3.weight"], 0.0, atol=1e-10)
+    np.testing.assert_allclose(grads["3.bias"], 4.0)
+    ln = nn.LayerNorm((2, 3), elementwise_affine=False)
+    assert ln.weight is None and list(ln.state_dict()) == []
+    with pytest.raises(ValueError, match="normalized_shape"):
+        nn.LayerNorm(0)
+    with pytest.raises(ValueError, match="momentum"):
+        nn.BatchNorm2d(3, momentum=2.0)
