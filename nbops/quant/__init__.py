@@ -46,6 +46,14 @@ __all__ = [
     "QTensor", "qrange", "quantize_per_tensor", "quantize_per_channel", "dequantize",
     "add", "add_relu", "relu", "max_pool2d", "adaptive_avg_pool2d", "global_avg_pool2d",
     "REQUANT_MODES",
+    # int8 GEMM family (nbops/quant/linear.py)
+    "matmul_integer", "matmul", "linear", "linear_dynamic", "conv2d", "pack_weight",
+    "PackedWeight", "quantize_multiplier",
+    # observers
+    "MinMaxObserver", "MovingAverageMinMaxObserver", "PerChannelMinMaxObserver",
+    "HistogramObserver",
+    # models
+    "quantize_dynamic", "prepare", "convert", "QConfig", "default_qconfig",
 ]
 
 for _k in ("quantize", "dequantize", "add", "relu", "max_pool2d", "adaptive_avg_pool2d"):
@@ -510,6 +518,18 @@ def global_avg_pool2d(q, scale=None, zero_point=None, requant="fixed"):
     (2, 3, 1, 1)
     """
     return adaptive_avg_pool2d.front(q, 1, scale, zero_point, requant)
+
+
+# ---------------------------------------------------------------------------
+# The rest of the public API (imported last: these modules use the operators above)
+
+from .linear import (  # noqa: E402
+    PackedWeight, conv2d, linear, linear_dynamic, matmul, matmul_integer, pack_weight,
+)
+from .observers import (  # noqa: E402
+    HistogramObserver, MinMaxObserver, MovingAverageMinMaxObserver, PerChannelMinMaxObserver,
+)
+from .model import QConfig, convert, default_qconfig, prepare, quantize_dynamic  # noqa: E402
 
 
 # ---------------------------------------------------------------------------
