@@ -1,0 +1,345 @@
+"""conv1d / conv2d, batch norm folding and the fused conv ops against NumPy
+references written from the definition, on CPU and (simulated) CUDA.
+
+One table (``CASES``) drives the forward tests: random-looking
+configurations of stride, padding, dilation and groups (depthwise and
+depthwise with a channel multiplier included), odd spatial sizes, batch 1.
+Tuning is off (``NBOPS_AUTOTUNE=0``); the CPU's implicit GEMM runs its
+default blocks and, in ``small_blocks`` tests, blocks small enough that
+the shapes here cross their edges; the BLAS route is forced where tested.
+"""
+
+import numpy as np
+import pytest
+
+import nbops
+from nbops import conv as conv_mod
+from nbops.autograd import Tensor, gradcheck
+from helpers import host, to_dev
+
+
+@pytest.fixture(autouse=True)
+def no_tuning(monkeypatch):
+    monkeypatch.setenv("NBOPS_AUTOTUNE", "0")
+
+
+@pytest.fixture(params=[{"algo": "igemm", "NC": 32, "KC": 8}, {"algo": "blas", "NC": 0, "KC": 0}],
+                ids=["igemm-small", "blas"])
+def cpu_algo(request, monkeypatch):
+    monkeypatch.setattr(conv_mod._cpu_conv, "default", dict(request.param))
+    return request.param
+
+
+# ---------------------------------------------------------------------------
+# References from the definition
+
+
+def _pad_amounts(padding, k, d):
+    if padding == "valid":
+        return (0, 0)
+    if padding == "same":
+        total = d * (k - 1)
+        return (total // 2, total - total // 2)
+    return (padding, padding)
+
+
+def ref_conv2d(x, w, b=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1):
+    """Direct loops over output positions; ``padding`` entries are ints,
+    "same" or "valid"."""
+    n, c, h, wd = x.shape
+    co, cg, kh, kw = w.shape
+    (pt, pb), (pl, pr) = (_pad_amounts(padding[i], (kh, kw)[i], dilation[i]) for i in (0, 1))
+    oh = (h + pt + pb - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (wd + pl + pr - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    mg = co // groups
+    out = np.zeros((n, co, oh, ow))
+    for i in range(n):
+        for o in range(co):
+            g = o // mg
+            for y in range(oh):
+                for z in range(ow):
+                    s = 0.0 if b is None else float(b[o])
+                    for ci in range(cg):
+                        for a in range(kh):
+                            ih = y * stride[0] - pt + a * dilation[0]
+                            for e in range(kw):
+                                iw = z * stride[1] - pl + e * dilation[1]
+                                if 0 <= ih < h and 0 <= iw < wd:
+                                    s += float(w[o, ci, a, e]) * float(x[i, g * cg + ci, ih, iw])
+                    out[i, o, y, z] = s
+    return out
+
+
+def ref_conv1d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+    return ref_conv2d(x[:, :, None], w[:, :, None], b, (1, stride), (0, padding),
+                      (1, dilation), groups)[:, :, 0]
+
+
+def ref_bn(y, mean, var, gamma, beta, eps):
+    sh = (1, -1) + (1,) * (y.ndim - 2)
+    return (y - mean.reshape(sh)) / np.sqrt(var.reshape(sh) + eps) * gamma.reshape(sh) \
+        + beta.reshape(sh)
+
+
+def _pair(v):
+    return v if isinstance(v, tuple) else (v, v)
+
+
+# (N, C, H, W, CO, kH, kW, stride, padding, dilation, groups)
+CASES = [
+    (1, 3, 7, 5, 4, 3, 3, 1, 1, 1, 1),          # odd sizes, 3x3 "same"-like
+    (2, 4, 9, 8, 6, 3, 3, 2, 0, 1, 2),          # strided, grouped
+    (1, 4, 8, 9, 8, 3, 3, 1, 2, 2, 1),          # dilated
+    (1, 6, 5, 5, 9, 1, 1, 1, 0, 1, 3),          # 1x1 grouped
+    (1, 5, 6, 7, 3, 1, 1, 2, 1, 1, 1),          # 1x1 strided and padded
+    (1, 3, 11, 10, 4, 7, 7, 2, 3, 1, 1),        # stem-like 7x7/2
+    (1, 4, 6, 7, 4, 3, 3, 1, 1, 1, 4),          # depthwise
+    (2, 3, 7, 6, 6, 3, 3, 2, 1, 1, 3),          # depthwise, channel multiplier 2
+    (1, 2, 5, 9, 4, 2, 4, (1, 2), (1, 0), (2, 1), 1),  # pairs, even kernels
+    (1, 3, 6, 6, 2, 3, 2, 1, "same", (1, 2), 1),       # asymmetric "same"
+    (1, 3, 4, 5, 2, 3, 3, 1, "valid", 1, 1),
+    (1, 9, 5, 4, 17, 2, 2, 1, 1, 1, 1),         # CO past one register tile
+]
+IDS = [f"case{i}" for i in range(len(CASES))]
+
+
+def _case(case, dtype=np.float64, seed=0):
+    n, c, h, w, co, kh, kw, s, p, d, g = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w)).astype(dtype)
+    wt = rng.standard_normal((co, c // g, kh, kw)).astype(dtype)
+    b = rng.standard_normal(co).astype(dtype)
+    return x, wt, b, dict(stride=s, padding=p, dilation=d, groups=g)
+
+
+def _ref(x, wt, b, kw):
+    p = kw["padding"]
+    return ref_conv2d(x, wt, b, _pair(kw["stride"]), (p, p) if isinstance(p, (int, str))
+                      else p, _pair(kw["dilation"]), kw["groups"])
+
+
+def check(got, want, dtype=np.float64, k=1):
+    got = host(got)
+    assert got.shape == want.shape and got.dtype == dtype
+    tol = 1e-12 * max(k, 1) if dtype == np.float64 else 3e-5 * max(k, 1) ** 0.5
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+# ---------------------------------------------------------------------------
+# Forward
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_conv2d_cpu_algorithms(case, cpu_algo):
+    x, wt, b, kw = _case(case)
+    check(nbops.conv2d(x, wt, b, **kw), _ref(x, wt, b, kw), k=wt[0].size)
+
+
+@pytest.mark.parametrize("case", CASES[:3] + CASES[6:8], ids=IDS[:3] + IDS[6:8])
+def test_conv2d_default_config_float32(case):
+    x, wt, b, kw = _case(case, np.float32)
+    check(nbops.conv2d(x, wt, b, **kw), _ref(x, wt, b, kw), np.float32, k=wt[0].size)
+
+
+@pytest.mark.parametrize("case", CASES[1:3] + CASES[7:10], ids=IDS[1:3] + IDS[7:10])
+def test_conv2d_cuda(case):
+    x, wt, b, kw = _case(case)
+    got = nbops.conv2d(to_dev(x, "cuda"), to_dev(wt, "cuda"), to_dev(b, "cuda"), **kw)
+    check(got, _ref(x, wt, b, kw), k=wt[0].size)
+
+
+def test_conv2d_default_blocks_cross_edges():
+    # 70 output channels (past the 8-row register tile), 300 pixels (past
+    # the 256-pixel column block), k = 288 (past the 256 k block)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 32, 15, 20))
+    w = rng.standard_normal((70, 32, 3, 3))
+    win = np.lib.stride_tricks.sliding_window_view(
+        np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))), (3, 3), axis=(2, 3))
+    want = np.einsum("nchwij,ocij->nohw", win, w)
+    check(nbops.conv2d(x, w, padding=1), want, k=288)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_conv1d(device):
+    rng = np.random.default_rng(1)
+    for (n, c, ln, co, k, s, p, d, g) in [(2, 4, 11, 6, 3, 2, 1, 1, 2), (1, 3, 9, 3, 5, 1, "same", 1, 3),
+                                          (1, 2, 7, 4, 2, 1, 0, 3, 1)]:
+        x = rng.standard_normal((n, c, ln))
+        w = rng.standard_normal((co, c // g, k))
+        b = rng.standard_normal(co)
+        got = nbops.conv1d(to_dev(x, device), to_dev(w, device), to_dev(b, device),
+                           stride=s, padding=p, dilation=d, groups=g)
+        check(got, ref_conv1d(x, w, b, s, p, d, g), k=w[0].size)
+
+
+def test_out_and_strided_input():
+    x, wt, b, kw = _case(CASES[1])
+    want = _ref(x, wt, b, kw)
+    out = np.full(want.shape, np.nan)
+    assert nbops.conv2d(x, wt, b, out=out, **kw) is out
+    check(out, want, k=wt[0].size)
+    # a transposed view (non-contiguous) reads as the same values
+    xt = np.ascontiguousarray(x.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)
+    check(nbops.conv2d(xt, wt, b, **kw), want, k=wt[0].size)
+
+
+def test_nan_propagates_through_fused_relu():
+    x, wt, b, kw = _case(CASES[0])
+    x[0, 0, 3, 2] = np.nan
+    y = nbops.conv_relu(x, wt, b, **kw)
+    assert np.isnan(y).any() and not np.isnan(y[:, :, 0, 4]).any()
+
+
+# ---------------------------------------------------------------------------
+# Batch norm folding and the fused ops
+
+
+def _bn(co, dtype=np.float64, seed=5):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(co).astype(dtype), rng.uniform(0.5, 2.0, co).astype(dtype),
+            rng.standard_normal(co).astype(dtype), rng.standard_normal(co).astype(dtype))
+
+
+FUSED = [CASES[0], CASES[3], CASES[7]]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("case", FUSED, ids=["3x3", "1x1-groups", "depthwise"])
+def test_fused_against_unfused(device, case):
+    x, wt, b, kw = _case(case)
+    mean, var, gamma, beta = _bn(wt.shape[0])
+    eps = 1e-3
+    z = ref_bn(_ref(x, wt, b, kw), mean, var, gamma, beta, eps)
+    dev = [to_dev(a, device) for a in (x, wt, b, mean, var, gamma, beta)]
+    check(nbops.conv_bn(*dev, eps=eps, **kw), z, k=wt[0].size * 4)
+    check(nbops.conv_bn_relu(*dev, eps=eps, **kw), np.maximum(z, 0), k=wt[0].size * 4)
+    check(nbops.conv_relu(*dev[:3], **kw), np.maximum(_ref(x, wt, b, kw), 0), k=wt[0].size)
+    wf, bf = nbops.fold_batch_norm(*dev[1:], eps=eps)
+    check(nbops.conv2d(dev[0], wf, bf, **kw), z, k=wt[0].size * 4)
+
+
+def test_fused_float32_and_conv1d():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 6, 13)).astype(np.float32)
+    w = rng.standard_normal((8, 6, 3)).astype(np.float32)
+    mean, var, gamma, beta = _bn(8, np.float32)
+    z = ref_bn(ref_conv1d(x, w, None, 1, 1), mean, var, gamma, beta, 1e-5)
+    check(nbops.conv_bn_relu(x, w, None, mean, var, gamma, beta, padding=1),
+          np.maximum(z, 0), np.float32, k=18 * 4)
+
+
+def test_fold_batch_norm_formula():
+    w = np.arange(8.0).reshape(2, 1, 2, 2)
+    wf, bf = nbops.fold_batch_norm(w, np.array([1.0, 2.0]), np.array([0.5, 1.0]),
+                                   np.array([3.0, 15.0]), np.array([2.0, 4.0]),
+                                   np.array([0.0, -1.0]), eps=1.0)
+    np.testing.assert_allclose(wf, w * np.array([1.0, 1.0]).reshape(2, 1, 1, 1))
+    np.testing.assert_allclose(bf, [0.5, 1.0 * 1.0 - 1.0])
+
+
+# ---------------------------------------------------------------------------
+# Backward
+
+
+GRAD_CASES = [
+    (1, 2, 5, 4, 3, 3, 3, 1, 1, 1, 1),
+    (2, 4, 5, 6, 4, 3, 2, 2, 1, (2, 1), 2),
+    (1, 3, 5, 5, 6, 3, 3, 1, 1, 1, 3),        # depthwise, multiplier 2
+    (1, 3, 4, 4, 2, 1, 1, 1, 0, 1, 1),        # 1x1
+]
+
+
+@pytest.mark.parametrize("case", GRAD_CASES, ids=["3x3", "strided-groups", "depthwise", "1x1"])
+def test_conv2d_gradcheck(case):
+    x, wt, b, kw = _case(case)
+    ts = [Tensor(a, requires_grad=True) for a in (x, wt, b)]
+    assert gradcheck(lambda a, c, d: nbops.conv2d(a, c, d, **kw), ts)
+
+
+def test_conv1d_and_no_bias_gradcheck():
+    rng = np.random.default_rng(4)
+    x = Tensor(rng.standard_normal((2, 4, 7)), requires_grad=True)
+    w = Tensor(rng.standard_normal((2, 2, 3)), requires_grad=True)
+    assert gradcheck(lambda a, c: nbops.conv1d(a, c, stride=2, padding=1, groups=2), [x, w])
+    y = nbops.conv1d(x, w, groups=2)
+    y.sum().backward()
+    assert x.grad.shape == x.data.shape and w.grad.shape == w.data.shape
+
+
+@pytest.mark.parametrize("op", ["conv_relu", "conv_bn", "conv_bn_relu", "fold_batch_norm"])
+def test_fused_gradcheck(op):
+    x, wt, b, kw = _case(GRAD_CASES[0], seed=7)
+    stats = _bn(wt.shape[0])
+    if op == "conv_relu":
+        ts = [Tensor(a, requires_grad=True) for a in (x, wt, b)]
+        fn = lambda *a: nbops.conv_relu(*a, **kw)  # noqa: E731
+    elif op == "fold_batch_norm":
+        ts = [Tensor(a, requires_grad=True) for a in (wt, b) + stats]
+        fn = lambda *a: nbops.fold_batch_norm(*a, eps=0.1)  # noqa: E731
+    else:
+        ts = [Tensor(a, requires_grad=True) for a in (x, wt, b) + stats]
+        fn = lambda *a: getattr(nbops, op)(*a, eps=0.1, **kw)  # noqa: E731
+    assert gradcheck(fn, ts)
+
+
+def test_gradcheck_cuda():
+    x, wt, b, kw = _case((1, 4, 4, 3, 2, 2, 2, 2, 1, (1, 2), 2))
+    ts = [Tensor(to_dev(a, "cuda"), requires_grad=True) for a in (x, wt, b)]
+    assert gradcheck(lambda a, c, d: nbops.conv2d(a, c, d, **kw), ts)
+
+
+# ---------------------------------------------------------------------------
+# Errors
+
+
+X4 = np.zeros((1, 4, 5, 5))
+W4 = np.zeros((6, 2, 3, 3))
+
+ERRORS = [
+    (dict(x=X4, weight=W4[0]), ValueError, "argument 'weight' must be 4-D"),
+    (dict(x=X4[0], weight=W4), ValueError, "argument 'x' must be 4-D"),
+    (dict(x=X4, weight=W4, groups=3), ValueError, "input channels 4 of 'x' are not divisible"),
+    (dict(x=np.zeros((1, 6, 5, 5)), weight=np.zeros((4, 2, 3, 3)), groups=3), ValueError,
+     "output channels 4 of 'weight' are not divisible"),
+    (dict(x=X4, weight=W4, groups=1), ValueError, r"expects 2 input channels .* 'x' has 4"),
+    (dict(x=X4, weight=W4, groups=2, stride=0), ValueError, "'stride' must be >= 1"),
+    (dict(x=X4, weight=W4, groups=2, stride=(1, -1)), ValueError, "'stride' must be >= 1"),
+    (dict(x=X4, weight=W4, groups=2, dilation=0), ValueError, "'dilation' must be >= 1"),
+    (dict(x=X4, weight=W4, groups=2, padding=-1), ValueError, "'padding' must be >= 0"),
+    (dict(x=X4, weight=W4, groups=2, padding="full"), ValueError, "'padding' must be an int"),
+    (dict(x=X4, weight=W4, groups=2, padding="same", stride=2), ValueError,
+     "padding='same' needs stride 1"),
+    (dict(x=X4, weight=W4, groups=2, dilation=3), ValueError,
+     r"kernel height of 'weight' spans 7 .* padded input of 'x' is only 5"),
+    (dict(x=X4, weight=np.zeros((6, 2, 3, 8)), groups=2, padding=(0, 1)), ValueError,
+     "kernel width of 'weight' spans 8"),
+    (dict(x=X4, weight=W4, groups=2, stride=1.5), TypeError, "'stride' must be an int"),
+    (dict(x=X4, weight=W4, groups=2, bias=np.zeros(5)), ValueError, r"'bias' must have shape \(6,\)"),
+    (dict(x=X4.astype(np.float32), weight=W4, groups=2), TypeError, "'x' is float32 but 'weight'"),
+    (dict(x=X4.astype(np.int64), weight=W4, groups=2), TypeError, "'x' must be a float32"),
+    (dict(x=X4, weight=W4, groups=2, out=np.zeros((1, 6, 3, 4))), ValueError,
+     "'out' must have shape"),
+]
+
+
+@pytest.mark.parametrize("kwargs,exc,msg", ERRORS, ids=[e[2][:30] for e in ERRORS])
+def test_conv2d_errors(kwargs, exc, msg):
+    with pytest.raises(exc, match=msg):
+        nbops.conv2d(**kwargs)
+
+
+def test_conv1d_and_fused_errors():
+    with pytest.raises(ValueError, match="conv1d: argument 'weight' must be 3-D"):
+        nbops.conv1d(np.zeros((1, 2, 5)), np.zeros((2, 2, 1, 1)))
+    with pytest.raises(ValueError, match="conv1d: kernel of 'weight' spans 6"):
+        nbops.conv1d(np.zeros((1, 2, 5)), np.zeros((2, 2, 6)))
+    c = np.ones(6)
+    with pytest.raises(ValueError, match=r"conv_bn_relu: argument 'bn_var' must have shape \(6,\)"):
+        nbops.conv_bn_relu(X4, W4, None, c, np.ones(5), c, c, groups=2)
+    with pytest.raises(ValueError, match="conv_bn: argument 'eps' must be > 0"):
+        nbops.conv_bn(X4, W4, None, c, c, c, c, eps=0.0, groups=2)
+    with pytest.raises(ValueError, match="fold_batch_norm: argument 'bn_mean' must have shape"):
+        nbops.fold_batch_norm(W4, None, np.ones(3), c, c, c)
+    with pytest.raises(ValueError, match="conv_relu: argument 'weight' must be 4-D"):
+        nbops.conv_relu(X4, np.zeros((6, 2, 3, 3, 1)), groups=2)
