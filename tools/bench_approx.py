@@ -3,7 +3,7 @@
 Usage::
 
     python tools/bench_approx.py [--threads 2] [--repeats 21] [--f32 16M] [--f64 8M]
-                                 [--functions exp,erf] [--libm]
+                                 [--functions exp,erf] [--libm] [--baseline OLD.py]
 
 For each function and dtype, times ``out[i] = f(x[i])`` in a ``prange``
 kernel beside a plain parallel copy kernel, in the same run: each round runs
@@ -13,11 +13,16 @@ and to the machine's state drifting between rounds. Inputs are
 ``randn * 3`` (``|randn| * 3`` for log1p), outputs are preallocated. Prints
 medians, GB/s counting the bytes read and written once, and that fraction.
 ``--libm`` adds the same kernels calling :mod:`math` (scalar libm calls) for
-comparison. Figures move 10-20% between runs on a shared machine: compare the
-fractions, and rerun if the copy figure itself looks off.
+comparison. ``--baseline`` loads another version of ``_approx.py`` (a copy
+of the file before a change) and times its kernels too, each right after
+the current one, adding the median of the paired time ratios baseline/current
+(above 1: the current version is faster). Figures move 10-20% between runs
+on a shared machine: compare the fractions, and rerun if the copy figure
+itself looks off.
 """
 
 import argparse
+import importlib.util
 import math
 import os
 import sys
@@ -64,7 +69,10 @@ def main(argv=None):
     ap.add_argument("--f64", default="8M", help="float64 elements (default 8M)")
     ap.add_argument("--functions", default=",".join(FUNCTIONS))
     ap.add_argument("--libm", action="store_true", help="also time math.* (libm) kernels")
+    ap.add_argument("--baseline", metavar="OLD.py",
+                    help="another version of _approx.py to time beside this one")
     args = ap.parse_args(argv)
+    baseline = _load(args.baseline) if args.baseline else None
     numba.set_num_threads(args.threads)
     names = args.functions.split(",")
     rng = np.random.default_rng(0)
@@ -76,6 +84,9 @@ def main(argv=None):
         kernels = {"copy": (copy, x)}
         for name in names:
             kernels[name] = (_kernel(getattr(_approx, name)), xpos if name == "log1p" else x)
+            if baseline is not None:
+                kernels["base." + name] = (_kernel(getattr(baseline, name)),
+                                           xpos if name == "log1p" else x)
             if args.libm:
                 kernels["math." + name] = (_kernel(getattr(math, name)),
                                            xpos if name == "log1p" else x)
@@ -85,29 +96,48 @@ def main(argv=None):
         compile_s = time.perf_counter() - t0
         times = {name: [] for name in kernels}
         ratios = {name: [] for name in kernels}
+        vs_base = {name: [] for name in kernels if "base." + name in kernels}
 
         def timed(k, a):
             t = time.perf_counter()
             k(a, out)
             return time.perf_counter() - t
 
-        for _ in range(args.repeats):
-            for name, (k, a) in kernels.items():
-                if name == "copy":
-                    continue
+        order = [name for name in kernels if name != "copy"]
+        swapped = order[:]
+        for i, name in enumerate(order):
+            if name.startswith("base."):
+                j = order.index(name[5:])
+                swapped[i], swapped[j] = order[j], name
+        for rep in range(args.repeats):
+            # every other round the baseline runs first: no bias from position
+            for name in (swapped if rep % 2 else order):
+                k, a = kernels[name]
                 tc = timed(copy, x)
                 tf = timed(k, a)
                 times["copy"].append(tc)
                 times[name].append(tf)
                 ratios[name].append(tc / tf)
+            for name in vs_base:
+                vs_base[name].append(times["base." + name][-1] / times[name][-1])
         nbytes = 2 * x.nbytes
         print(f"\n{np.dtype(dtype).name}, {n} elements ({nbytes / 2**20:.0f} MiB moved), "
               f"compile+warm-up {compile_s:.1f} s")
-        print(f"{'kernel':12s} {'median ms':>10s} {'GB/s':>7s} {'of copy':>8s}")
+        print(f"{'kernel':12s} {'median ms':>10s} {'GB/s':>7s} {'of copy':>8s}"
+              + (f" {'base/this':>9s}" if baseline is not None else ""))
         for name, ts in times.items():
             m = float(np.median(ts))
             frac = float(np.median(ratios[name])) if ratios[name] else 1.0
-            print(f"{name:12s} {m * 1e3:10.2f} {nbytes / m / 1e9:7.1f} {frac:8.0%}")
+            vs = f" {float(np.median(vs_base[name])):9.3f}" if vs_base.get(name) else ""
+            print(f"{name:12s} {m * 1e3:10.2f} {nbytes / m / 1e9:7.1f} {frac:8.0%}{vs}")
+
+
+def _load(path):
+    """Import a file as a module of its own (its overloads are its own)."""
+    spec = importlib.util.spec_from_file_location("approx_baseline", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 if __name__ == "__main__":
