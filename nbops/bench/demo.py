@@ -7,8 +7,7 @@ at a small size, plus the ``DEMOS`` steps of those modules: callables for
 work that is not one op beside a baseline (a training step, the profiler).
 A step is called as ``step(device, quick)`` and returns a dict with
 ``name``, ``err`` and ``tol`` (PASS when ``err <= tol``) and optionally
-``seconds`` and ``note``; it may raise ``NotImplementedError`` to be shown
-as skipped.
+``seconds`` and ``note``.
 """
 
 import time
@@ -123,9 +122,6 @@ def _demo_step(step, device, quick, write):
     name = getattr(step, "__name__", "step")
     try:
         out = step(device, quick)
-    except NotImplementedError as exc:
-        write(_line(name, device, [], "skip", str(exc)))
-        return 0
     except Exception as exc:  # a broken step is a failed check, not a crash
         write(_line(name, device, [], "FAIL", f"{type(exc).__name__}: {exc}"))
         return 1
