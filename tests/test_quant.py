@@ -622,3 +622,69 @@ def test_operators_are_documented():
                  "relu", "max_pool2d", "adaptive_avg_pool2d", "global_avg_pool2d"):
         doc = getattr(Q, name).__doc__
         assert "Example" in doc and "Raises" in doc, name
+
+
+# ---------------------------------------------------------------------------
+# Models
+
+
+def _array(y):
+    return np.asarray(getattr(y, "data", y))
+
+
+def test_quantize_dynamic_swaps_linears_in_order():
+    rng = np.random.default_rng(10)
+    model = nbops.nn.Sequential(nbops.nn.Linear(24, 40, rng=0), nbops.nn.ReLU(),
+                                nbops.nn.Sequential(nbops.nn.Linear(40, 5, rng=1)))
+    qmodel = Q.quantize_dynamic(model)
+    assert isinstance(model[0], nbops.nn.Linear)  # the original is untouched
+    kinds = [type(m).__name__ for m in qmodel.modules()]
+    assert kinds.count("DynamicQuantizedLinear") == 2 and "Linear" not in kinds
+    assert list(qmodel._modules) == ["0", "1", "2"]
+    x = rng.normal(size=(33, 24)).astype(np.float32)
+    want, got = _array(model(x)), qmodel(x)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    assert np.abs(got - want).max() < 0.03 * np.abs(want).max()
+    single = Q.quantize_dynamic(nbops.nn.Linear(24, 3, rng=2))
+    assert isinstance(single, Q.model.DynamicQuantizedLinear)
+    with pytest.raises(TypeError, match="nbops.nn.Module"):
+        Q.quantize_dynamic(lambda v: v)
+
+
+def test_static_quantization_of_an_mlp():
+    rng = np.random.default_rng(11)
+    model = nbops.nn.Sequential(nbops.nn.Linear(16, 32, rng=0), nbops.nn.ReLU(),
+                                nbops.nn.Linear(32, 4, rng=1))
+    # min/max ranges: calibrating on x itself, nothing saturates
+    qconfig = Q.QConfig(activation=lambda: O.MinMaxObserver(dtype=np.uint8),
+                        weight=lambda: O.PerChannelMinMaxObserver(dtype=np.int8))
+    observed = Q.prepare(model, qconfig)
+    assert "linear+relu -> linear" in repr(observed)
+    with pytest.raises(ValueError, match="not been calibrated"):
+        Q.convert(observed)
+    x = rng.normal(size=(200, 16)).astype(np.float32)
+    for batch in np.split(x, 4):
+        observed(batch)
+    qmodel = Q.convert(observed)
+    want, got = _array(model(x)), qmodel(x)
+    # within a few output steps (each layer adds up to half a step, plus weight rounding)
+    step = qmodel.layers[-1][4][0]
+    assert np.abs(got - want).max() < 4 * step
+    with pytest.raises(TypeError, match="QTensor"):
+        qmodel(Q.quantize_per_tensor(x, 0.1, 0, np.uint8))
+
+
+@pytest.mark.parametrize("call, err, match", [
+    (lambda: Q.prepare(nbops.nn.Linear(2, 2)), TypeError, "Sequential"),
+    (lambda: Q.prepare(nbops.nn.Sequential(nbops.nn.Linear(2, 2), nbops.nn.GELU())),
+     TypeError, "layer 1 \\(GELU\\) is not supported"),
+    (lambda: Q.prepare(nbops.nn.Sequential(nbops.nn.BatchNorm2d(2))), ValueError,
+     "must directly follow a Conv2d"),
+    (lambda: Q.prepare(nbops.nn.Sequential(nbops.nn.Linear(2, 2)), qconfig="x86"), TypeError,
+     "QConfig"),
+    (lambda: Q.convert(nbops.nn.Sequential(nbops.nn.Linear(2, 2))), TypeError,
+     "ObservedSequential"),
+])
+def test_model_errors(call, err, match):
+    with pytest.raises(err, match=match):
+        call()
