@@ -3,7 +3,7 @@
 
 * ``inner == 1``: one block per row (grid-stride over rows). Threads stride
   along the row; the maximum and the sum are block reductions in shared
-  memory (a tree over ``THREADS`` partial values). Three sweeps of the row:
+  memory (a tree over ``ROW_THREADS`` partial values). Three sweeps of the row:
   max, sum of exponentials, write.
 * ``inner > 1``: one thread per column ``(o, j)``, walking the ``n``
   elements of its column; adjacent threads read adjacent addresses, so
@@ -16,9 +16,14 @@ import math
 
 from numba import cuda, float64
 
-from ._launch import THREADS, grid_1d
+from ._launch import SIMULATED, THREADS, grid_1d
 
 __all__ = ["softmax", "softmax_backward"]
+
+#: Threads of a row block. The simulator runs each as a Python thread and
+#: every barrier of the reductions switches between all of them: 8 there
+#: (tests still cross block-width boundaries with rows of 20+ elements).
+ROW_THREADS = 8 if SIMULATED else THREADS
 
 
 def softmax(x3, out3, log):
@@ -40,8 +45,8 @@ def softmax_backward(g3, y3, out3, log):
 
 
 def _row_grid(rows):
-    blocks, _ = grid_1d(rows * THREADS)
-    return blocks, THREADS
+    blocks, _ = grid_1d(rows * ROW_THREADS, ROW_THREADS)
+    return blocks, ROW_THREADS
 
 
 @cuda.jit(device=True, inline=True)
@@ -50,7 +55,7 @@ def _block_reduce(buf, value, is_max):
     tid = cuda.threadIdx.x
     buf[tid] = value
     cuda.syncthreads()
-    step = THREADS // 2
+    step = ROW_THREADS // 2
     while step > 0:
         if tid < step:
             a = buf[tid]
@@ -65,37 +70,37 @@ def _block_reduce(buf, value, is_max):
 
 @cuda.jit
 def _forward_rows(x, out, log):
-    buf = cuda.shared.array(THREADS, float64)
+    buf = cuda.shared.array(ROW_THREADS, float64)
     n = x.shape[1]
     tid = cuda.threadIdx.x
     for r in range(cuda.blockIdx.x, x.shape[0], cuda.gridDim.x):
         m = -math.inf
-        for j in range(tid, n, THREADS):
+        for j in range(tid, n, ROW_THREADS):
             v = x[r, j, 0]
             m = v if v > m else m
         m = _block_reduce(buf, m, True)
         s = 0.0
-        for j in range(tid, n, THREADS):
+        for j in range(tid, n, ROW_THREADS):
             s += math.exp(x[r, j, 0] - m)
         s = _block_reduce(buf, s, False)
         c = math.log(s)
         inv = 1.0 / s
-        for j in range(tid, n, THREADS):
+        for j in range(tid, n, ROW_THREADS):
             v = x[r, j, 0]
             out[r, j, 0] = (v - m) - c if log else math.exp(v - m) * inv
 
 
 @cuda.jit
 def _backward_rows(g, y, out, log):
-    buf = cuda.shared.array(THREADS, float64)
+    buf = cuda.shared.array(ROW_THREADS, float64)
     n = y.shape[1]
     tid = cuda.threadIdx.x
     for r in range(cuda.blockIdx.x, y.shape[0], cuda.gridDim.x):
         s = 0.0
-        for j in range(tid, n, THREADS):
+        for j in range(tid, n, ROW_THREADS):
             s += g[r, j, 0] if log else g[r, j, 0] * y[r, j, 0]
         s = _block_reduce(buf, s, False)
-        for j in range(tid, n, THREADS):
+        for j in range(tid, n, ROW_THREADS):
             gv = g[r, j, 0]
             yv = y[r, j, 0]
             out[r, j, 0] = gv - math.exp(yv) * s if log else yv * (gv - s)

@@ -1,0 +1,154 @@
+"""softmax and log_softmax against a float64 NumPy reference, any axis, both
+devices, special values (fully masked rows, NaN, huge magnitudes),
+gradchecks and every error path."""
+
+import numpy as np
+import pytest
+
+import nbops
+from nbops import nn
+from nbops.autograd import Tensor, gradcheck
+from helpers import host, to_dev
+
+
+def ref(x, axis, log):
+    """From the definition, in float64: exp(x - max) / sum, or its log."""
+    x = np.asarray(x, np.float64)
+    m = np.max(x, axis=axis, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        z = x - m
+        s = np.sum(np.exp(z), axis=axis, keepdims=True)
+        return z - np.log(s) if log else np.exp(z) / s
+
+
+OPS = {"softmax": (nbops.softmax, False), "log_softmax": (nbops.log_softmax, True)}
+
+CASES = [
+    ((7,), 0),
+    ((3, 5), -1),
+    ((3, 5), 0),
+    ((2, 3, 4, 5), 1),
+    ((2, 3, 4, 5), 2),
+    ((2, 33, 17), 1),
+    ((2, 600, 40), 1),     # column blocks of 16 with a remainder
+    ((4, 1, 3), 1),        # a length-1 axis: softmax 1, log_softmax 0
+    ((1, 257), -1),        # batch 1, a row crossing vector widths
+]
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("shape,axis", CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_matches_reference(op, shape, axis, dtype):
+    fn, log = OPS[op]
+    x = (np.random.default_rng(0).standard_normal(shape) * 4).astype(dtype)
+    y = fn(x, axis)
+    assert y.dtype == dtype and y.shape == x.shape
+    tol = 2e-6 if dtype == np.float32 else 1e-13
+    np.testing.assert_allclose(y, ref(x, axis, log), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_special_values(op):
+    fn, log = OPS[op]
+    inf, nan = np.inf, np.nan
+    x = np.array([[-inf, -inf, -inf, -inf],     # fully masked: NaN, as PyTorch
+                  [1e4, 1e4 + 1, -inf, 0.0],    # large magnitudes, a masked entry
+                  [1.0, nan, 2.0, 3.0],         # NaN spreads over its row
+                  [inf, 1.0, 2.0, 3.0],         # so does +inf (inf - inf)
+                  [1e30, -1e30, 0.0, 1e30]], np.float32)
+    y = fn(x)
+    assert np.isnan(y[0]).all() and np.isnan(y[2]).all() and np.isnan(y[3]).all()
+    np.testing.assert_allclose(y[[1, 4]], ref(x[[1, 4]], -1, log), rtol=1e-6, atol=1e-6)
+    assert y[1, 2] == (-inf if log else 0.0)
+    # along another axis the same rows are columns
+    yt = fn(np.ascontiguousarray(x.T), 0)
+    np.testing.assert_array_equal(np.isnan(yt), np.isnan(y.T))
+    np.testing.assert_allclose(yt.T[[1, 4]], y[[1, 4]], rtol=1e-6)
+
+
+def test_log_softmax_keeps_digits_next_to_large_maxima():
+    x = np.array([1e4, 1e4, -np.inf, 0.0], np.float32)
+    # (x - max) - log(sum) in that order: max + log(sum) would round to 1e4 + 0.6934
+    assert nbops.log_softmax(x)[0] == np.float32(-np.log(2.0))
+
+
+def test_zero_dim_empty_out_and_strided():
+    assert nbops.softmax(np.array(3.0)) == 1.0
+    assert nbops.log_softmax(np.array(3.0)) == 0.0
+    assert nbops.softmax(np.zeros((0, 4)), 1).shape == (0, 4)
+    base = np.random.default_rng(1).standard_normal((6, 10))
+    x = base[:, ::2]
+    out = np.empty((6, 5))
+    assert nbops.softmax(x, 1, out=out) is out
+    np.testing.assert_allclose(out, ref(x, 1, False), rtol=1e-13)
+    np.testing.assert_allclose(nbops.log_softmax(base.T, 0), ref(base.T, 0, True), rtol=1e-13)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_cuda_matches_reference(op, device):
+    fn, log = OPS[op]
+    rng = np.random.default_rng(2)
+    for shape, axis in (((3, 70), -1), ((2, 5, 3), 1), ((4, 6), 0)):
+        x = rng.standard_normal(shape) * 3
+        x[0, 0] = -np.inf
+        np.testing.assert_allclose(host(fn(to_dev(x, device), axis)), ref(x, axis, log),
+                                   rtol=1e-12, atol=1e-14)
+    masked = np.full((2, 3), -np.inf)
+    assert np.isnan(host(fn(to_dev(masked, device)))).all()
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_gradcheck(op, axis, device):
+    fn, _ = OPS[op]
+    # small: each element costs two launches, simulated thread by thread
+    x = np.random.default_rng(3).standard_normal((1, 4, 3) if device == "cuda" else (2, 5, 3))
+    assert gradcheck(lambda t: fn(t, axis), [Tensor(to_dev(x, device), requires_grad=True)])
+
+
+def test_backward_formulas_against_the_jacobian():
+    x = np.random.default_rng(4).standard_normal(6)
+    g = np.random.default_rng(5).standard_normal(6)
+    s = ref(x, 0, False)
+    jac = np.diag(s) - np.outer(s, s)          # d softmax_i / d x_j
+    t = Tensor(x, requires_grad=True)
+    nbops.softmax(t).backward(g)
+    np.testing.assert_allclose(t.grad, jac.T @ g, rtol=1e-13)
+    t = Tensor(x, requires_grad=True)
+    nbops.log_softmax(t).backward(g)
+    np.testing.assert_allclose(t.grad, (np.eye(6) - s[None, :]).T @ g, rtol=1e-13)
+
+
+ERRORS = [
+    (lambda: nbops.softmax(np.ones(3, np.int64)), TypeError, "'x' must be a float32"),
+    (lambda: nbops.softmax([1.0, 2.0]), TypeError, "'x' must be a numpy.ndarray"),
+    (lambda: nbops.softmax(np.ones((2, 3)), 2), ValueError, "'axis' is 2, out of range"),
+    (lambda: nbops.log_softmax(np.ones((2, 3)), -3), ValueError, "'axis' is -3"),
+    (lambda: nbops.softmax(np.ones((2, 3)), 1.0), TypeError, "'axis' must be an int"),
+    (lambda: nbops.softmax(np.ones((2, 3)), out=np.ones((3, 2))), ValueError,
+     "'out' must have shape"),
+    (lambda: nbops.log_softmax(np.ones((2, 3)), out=np.ones((2, 3), np.float32)), TypeError,
+     "'out' must be float64"),
+]
+
+
+@pytest.mark.parametrize("call,exc,match", ERRORS)
+def test_errors(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_out_may_not_overlap_x():
+    x = np.ones((2, 3))
+    with pytest.raises(ValueError, match="'out' overlaps input 'x'"):
+        nbops.softmax(x, out=x)
+
+
+def test_modules():
+    x = np.random.default_rng(6).standard_normal((2, 3, 4)).astype(np.float32)
+    np.testing.assert_array_equal(nn.Softmax(dim=1)(x), nbops.softmax(x, 1))
+    np.testing.assert_array_equal(nn.LogSoftmax(-1)(x), nbops.log_softmax(x, -1))
+    assert "axis=1" in repr(nn.Softmax(1))
+    with pytest.raises(TypeError, match="Softmax: argument 'dim' must be an int"):
+        nn.Softmax(None)
