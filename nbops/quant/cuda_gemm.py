@@ -129,11 +129,12 @@ def _make_kernel(load_b):
                             if mode == 0:
                                 oi[bi, r, c] = v
                             elif mode == 1:
+                                # int8 results land in a uint8 view: store their bits
                                 ob[bi, r, c] = _requantize(v, mult[p], shift[p], ozp, qmin,
-                                                           qmax)
+                                                           qmax) & 0xFF
                             elif mode == 2:
                                 ob[bi, r, c] = _requantize_float(v, fscale[p], ozp, qmin,
-                                                                 qmax)
+                                                                 qmax) & 0xFF
                             else:
                                 f = np.float32(v) * np.float32(fscale[p])
                                 if fbias.size > 0:

@@ -170,7 +170,7 @@ def matmul(qa, qb, out_scale, out_zero_point, out_dtype=None, requant="fixed"):
     out = _checks.empty(shape, odt, dev)
     nb = int(np.prod(batch)) if batch else 1
     scales = np.float32(qa.scale) * _per(qb.scale, n, np.float32)
-    epi = _epilogue(requant, scales, None, s_out, z_out, odt, 0, m, n)
+    epi = _epilogue(requant, scales, None, s_out, z_out, odt, None, m, n)
     _product(dev, a2, za, _BOperand.raw(b2, batch), zb, batch, _view3(_bytes(out), nb, m, n),
              m, n, k, epi)
     return QTensor(out, s_out, z_out)
