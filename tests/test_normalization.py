@@ -251,6 +251,40 @@ def test_out_and_strided_input():
                                                  1e-5)[0], atol=1e-12)
 
 
+def test_large_inputs_run_the_parallel_kernels():
+    # above the serial threshold (32K elements): the prange twins, with
+    # several row chunks and channel splits
+    from nbops.cpu import normalization as kernels
+
+    rng = np.random.default_rng(13)
+    x = _rand(rng, (64, 600), loc=5.0)
+    w, b, g = _rand(rng, 600), _rand(rng, 600), _rand(rng, (64, 600))
+    assert x.size >= kernels.SERIAL_BELOW
+    np.testing.assert_allclose(nbops.layer_norm(x, 600, w, b),
+                               ref_layer_norm(x, (600,), w, b, 1e-5), atol=1e-11)
+    xt = Tensor(x, requires_grad=True)
+    nbops.layer_norm(xt, 600, w, b).backward(g)
+    xh = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5)
+    gy = g * w
+    want = (gy - gy.mean(1, keepdims=True) - xh * (gy * xh).mean(1, keepdims=True)) \
+        / np.sqrt(x.var(1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(xt.grad, want, atol=1e-10)
+    x = _rand(rng, (40, 3, 300), loc=-7.0)
+    rm, rv = np.zeros(3), np.ones(3)
+    y = nbops.batch_norm(x, rm, rv, training=True, momentum=0.5)
+    want, want_rm, want_rv = ref_batch_norm(x, np.zeros(3), np.ones(3), None, None, True, 0.5,
+                                            1e-5)
+    np.testing.assert_allclose(y, want, atol=1e-11)
+    np.testing.assert_allclose(rv, want_rv, rtol=1e-12)
+    xt = Tensor(x, requires_grad=True)
+    g = _rand(rng, x.shape)
+    nbops.batch_norm(xt, None, None, training=True).backward(g)
+    xh = (x - x.mean((0, 2), keepdims=True)) / np.sqrt(x.var((0, 2), keepdims=True) + 1e-5)
+    want = (g - g.mean((0, 2), keepdims=True) - xh * (g * xh).mean((0, 2), keepdims=True)) \
+        / np.sqrt(x.var((0, 2), keepdims=True) + 1e-5)
+    np.testing.assert_allclose(xt.grad, want, atol=1e-10)
+
+
 def test_empty_inputs():
     assert nbops.layer_norm(np.empty((0, 4)), 4).shape == (0, 4)
     assert nbops.rms_norm(np.empty((2, 0)), 0).shape == (2, 0)

@@ -6,9 +6,10 @@ Two families, each one parametrised kernel set:
   matrix, one row per ``prange`` item. A row (3 KiB at d = 768 float32)
   stays in L1 while it is read three times: the sum, the sum of squared
   deviations from that mean (two passes: exact for any offset, unlike
-  ``E[x^2] - E[x]^2``), and the normalised write. RMS norm is the same
-  kernel with ``centered`` False (mean taken as 0, no mean term in the
-  gradient). Statistics accumulate in float64.
+  ``E[x^2] - E[x]^2``), and the normalised write in x's dtype. RMS norm is
+  the same kernel with ``centered`` False (mean taken as 0, no mean term in
+  the gradient). Sums run in blocks of SUM_BLOCK elements in x's dtype
+  (full-width vectors) whose totals accumulate in float64.
 * **channels** (batch norm): ``x`` as a C-contiguous (n, c, s) array (s = 1
   for 2-D input, L for 3-D, H*W for 4-D). Batch statistics come in one read
   of ``x``: every (sample range, channel) block computes the mean and
@@ -29,14 +30,33 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .._jit import FASTMATH, FASTMATH_REDUCE, cpu_kernel
+from .._jit import FASTMATH, FASTMATH_REDUCE, serial_and_parallel
 
 __all__ = ["norm_rows", "norm_rows_backward", "batch_norm_stats", "batch_norm_invstd",
            "batch_norm_forward", "batch_norm_backward"]
 
+#: Below this many elements the serial twin of a kernel runs: waking the
+#: thread pool costs more than the loop (the activations' measured threshold,
+#: tools/serial_threshold.py).
+SERIAL_BELOW = 32768
+
+#: Elements summed in the input's dtype (in vector registers) before the
+#: partial sum joins a float64 total: float32 error stays at a few ulp of
+#: a 256-term sum, and the arithmetic stays 16 lanes wide.
+SUM_BLOCK = 256
+
 #: Elements a block of the channel reductions should hold at least, so that
 #: thread start-up and the partials' merge stay small beside the work.
 MIN_BLOCK = 4096
+
+
+def _twins(fastmath):
+    """Compile the decorated function as ``(serial, parallel)`` kernels."""
+    return lambda fn: serial_and_parallel(fn, fn.__name__.lstrip("_"), fastmath=fastmath)
+
+
+def _pick(twins, size):
+    return twins[0] if size < SERIAL_BELOW else twins[1]
 
 
 # ---------------------------------------------------------------------------
@@ -47,7 +67,7 @@ def norm_rows(x, w, b, eps, centered, out):
     """``out[r] = (x[r] - mean_r) * rstd_r * w + b`` for a (rows, d) ``x``;
     ``mean_r`` is 0 when not ``centered`` (RMS norm)."""
     if x.shape[0] and x.shape[1]:
-        _rows_forward(x, w, b, float(eps), bool(centered), out)
+        _pick(_rows_forward, x.size)(x, w, b, float(eps), bool(centered), out)
     return out
 
 
@@ -59,10 +79,10 @@ def norm_rows_backward(x, g, w, eps, centered, dx, dw, db):
         dw[:] = 0
         db[:] = 0
         return dx
-    chunks = max(1, min(rows, 2 * numba.get_num_threads()))
+    chunks = 1 if x.size < SERIAL_BELOW else max(1, min(rows, 2 * numba.get_num_threads()))
     pw = np.zeros((chunks, d))
     pb = np.zeros((chunks, d))
-    _rows_backward(x, g, w, float(eps), bool(centered), dx, pw, pb)
+    _pick(_rows_backward, x.size)(x, g, w, float(eps), bool(centered), dx, pw, pb)
     dw[:] = pw.sum(axis=0)
     db[:] = pb.sum(axis=0)
     return dx
@@ -71,22 +91,65 @@ def norm_rows_backward(x, g, w, eps, centered, dx, dw, db):
 @njit(inline="always")
 def _row_stats(xr, eps, centered):
     # IR-inlined into each kernel, which compiles it with its own fastmath
-    # flags (reassoc: vector partial sums, the order is within tolerance)
+    # flags (reassoc: vector partial sums)
+    t = xr.dtype.type
     d = xr.size
-    mean = 0.0
-    if centered:
-        s = 0.0
-        for j in range(d):
-            s += xr[j]
-        mean = s / d
-    q = 0.0
-    for j in range(d):
-        t = xr[j] - mean
-        q += t * t
-    return mean, 1.0 / math.sqrt(q / d + eps)
+    c = t(_sum(xr) / d) if centered else t(0.0)
+    s1, s2 = _deviations(xr, c)
+    if not centered:
+        return c, t(1.0 / math.sqrt(s2 / d + eps))
+    mean = c + s1 / d
+    return t(mean), t(1.0 / math.sqrt(max(s2 / d - (mean - c) ** 2, 0.0) + eps))
 
 
-@cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
+@njit(inline="always")
+def _sum(v):
+    """Sum of ``v``: blocks of SUM_BLOCK in v's dtype (vector lanes, short
+    enough to stay accurate), block totals in float64. The blocks have a
+    constant trip count: a ``min()`` bound cost 3-4x here."""
+    n = v.size
+    nb = n // SUM_BLOCK
+    total = 0.0
+    for k in range(nb):
+        s = v.dtype.type(0.0)
+        for j in range(k * SUM_BLOCK, k * SUM_BLOCK + SUM_BLOCK):
+            s += v[j]
+        total += s
+    s = v.dtype.type(0.0)
+    for j in range(nb * SUM_BLOCK, n):
+        s += v[j]
+    return total + s
+
+
+@njit(inline="always")
+def _deviations(v, c):
+    """``(sum(v - c), sum((v - c)^2))`` for ``c`` of v's dtype near the mean,
+    blocked as :func:`_sum`. The first sum corrects the mean that ``c``
+    approximates (the corrected two-pass algorithm): a float32 first pass at
+    an offset of 1e4 leaves the mean a few 1e-4 off."""
+    n = v.size
+    nb = n // SUM_BLOCK
+    t1 = 0.0
+    t2 = 0.0
+    for k in range(nb):
+        s1 = v.dtype.type(0.0)
+        s2 = v.dtype.type(0.0)
+        for j in range(k * SUM_BLOCK, k * SUM_BLOCK + SUM_BLOCK):
+            e = v[j] - c
+            s1 += e
+            s2 += e * e
+        t1 += s1
+        t2 += s2
+    s1 = v.dtype.type(0.0)
+    s2 = v.dtype.type(0.0)
+    for j in range(nb * SUM_BLOCK, n):
+        e = v[j] - c
+        s1 += e
+        s2 += e * e
+    return t1 + s1, t2 + s2
+
+
+@_twins(FASTMATH_REDUCE)
 def _rows_forward(x, w, b, eps, centered, out):
     rows, d = x.shape
     for r in prange(rows):
@@ -97,7 +160,7 @@ def _rows_forward(x, w, b, eps, centered, out):
             o[j] = (xr[j] - mean) * rstd * w[j] + b[j]
 
 
-@cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
+@_twins(FASTMATH_REDUCE)
 def _rows_backward(x, g, w, eps, centered, dx, pw, pb):
     rows, d = x.shape
     chunks = pw.shape[0]
@@ -132,6 +195,8 @@ def _splits(n, c, s):
     """Sample ranges per channel in the reductions: enough blocks to keep
     every thread busy when channels are few, none smaller than MIN_BLOCK
     elements (unless a whole channel is smaller)."""
+    if n * c * s < SERIAL_BELOW:
+        return 1
     want = -(-8 * numba.get_num_threads() // max(c, 1))
     return max(1, min(n, want, max(1, n * s // MIN_BLOCK)))
 
@@ -144,7 +209,7 @@ def batch_norm_stats(x, eps, mean, invstd, running_mean, running_var, momentum, 
     nsplit = _splits(n, c, s)
     m64 = np.empty(c)
     v64 = np.empty(c)
-    _channel_stats(x, nsplit, m64, v64)
+    _pick(_channel_stats, x.size)(x, nsplit, m64, v64)
     mean[:] = m64
     invstd[:] = 1.0 / np.sqrt(v64 + eps)
     if update:
@@ -162,7 +227,7 @@ def batch_norm_invstd(var, eps, invstd):
 def batch_norm_forward(x, mean, invstd, weight, bias, out):
     """``out = (x - mean[c]) * invstd[c] * weight[c] + bias[c]``, (n, c, s)."""
     if x.size:
-        _channel_affine(x, mean, (invstd * weight).astype(x.dtype), bias, out)
+        _pick(_channel_affine, x.size)(x, mean, (invstd * weight).astype(x.dtype), bias, out)
     return out
 
 
@@ -180,7 +245,7 @@ def batch_norm_backward(x, g, mean, invstd, weight, training, dx, dweight, dbias
         return dx
     sg = np.empty(c)
     sgx = np.empty(c)
-    _channel_grad_sums(x, g, mean, _splits(n, c, s), sg, sgx)
+    _pick(_channel_grad_sums, x.size)(x, g, mean, _splits(n, c, s), sg, sgx)
     inv = invstd.astype(np.float64)
     w = weight.astype(np.float64)
     alpha = w * inv
@@ -194,11 +259,11 @@ def batch_norm_backward(x, g, mean, invstd, weight, training, dx, dweight, dbias
     dweight[:] = sgx * inv
     dbias[:] = sg
     t = x.dtype
-    _channel_dx(x, g, mean, alpha.astype(t), beta.astype(t), gamma.astype(t), dx)
+    _pick(_channel_dx, x.size)(x, g, mean, alpha.astype(t), beta.astype(t), gamma.astype(t), dx)
     return dx
 
 
-@cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
+@_twins(FASTMATH_REDUCE)
 def _channel_stats(x, nsplit, mean, var):
     n, c, s = x.shape
     cnt = np.empty((nsplit, c))
@@ -212,14 +277,10 @@ def _channel_stats(x, nsplit, mean, var):
         bq = 0.0
         for i in range(k * n // nsplit, (k + 1) * n // nsplit):
             p = x[i, ch]
-            t = 0.0
-            for j in range(s):
-                t += p[j]
-            pm = t / s
-            q = 0.0
-            for j in range(s):
-                e = p[j] - pm
-                q += e * e
+            pc = p.dtype.type(_sum(p) / s)
+            s1, s2 = _deviations(p, pc)
+            pm = pc + s1 / s
+            q = max(s2 - s * (pm - pc) ** 2, 0.0)
             bc, bm, bq = _chan_merge(bc, bm, bq, float(s), pm, q)
         cnt[k, ch] = bc
         mu[k, ch] = bm
@@ -245,7 +306,7 @@ def _chan_merge(na, ma, qa, nb, mb, qb):
     return n, ma + delta * (nb / n), qa + qb + delta * delta * (na * nb / n)
 
 
-@cpu_kernel(parallel=True, fastmath=FASTMATH)
+@_twins(FASTMATH)
 def _channel_affine(x, mean, scale, bias, out):
     n, c, s = x.shape
     for p in prange(n * c):
@@ -260,7 +321,7 @@ def _channel_affine(x, mean, scale, bias, out):
             op[j] = (xp[j] - m) * k + b
 
 
-@cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
+@_twins(FASTMATH_REDUCE)
 def _channel_grad_sums(x, g, mean, nsplit, sg, sgx):
     n, c, s = x.shape
     pg = np.empty((nsplit, c))
@@ -289,7 +350,7 @@ def _channel_grad_sums(x, g, mean, nsplit, sg, sgx):
         sgx[ch] = b
 
 
-@cpu_kernel(parallel=True, fastmath=FASTMATH)
+@_twins(FASTMATH)
 def _channel_dx(x, g, mean, alpha, beta, gamma, dx):
     n, c, s = x.shape
     for p in prange(n * c):
