@@ -42,6 +42,7 @@ from .pooling import (  # noqa: F401,E402
     max_pool1d, max_pool2d,
 )
 from .softmax import log_softmax, softmax  # noqa: F401,E402
+from .attention import positional_encoding, scaled_dot_product_attention  # noqa: F401,E402
 from .autograd import Tensor, no_grad, enable_grad  # noqa: F401
 from . import autograd, nn, optim  # noqa: F401,E402
 
@@ -58,3 +59,4 @@ __all__ = [
 __all__ += ["batch_norm", "layer_norm", "rms_norm"]
 __all__ += ["max_pool1d", "max_pool2d", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d",
             "adaptive_avg_pool2d", "global_avg_pool2d", "softmax", "log_softmax"]
+__all__ += ["scaled_dot_product_attention", "positional_encoding"]
