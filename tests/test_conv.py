@@ -343,3 +343,88 @@ def test_conv1d_and_fused_errors():
         nbops.fold_batch_norm(W4, None, np.ones(3), c, c, c)
     with pytest.raises(ValueError, match="conv_relu: argument 'weight' must be 4-D"):
         nbops.conv_relu(X4, np.zeros((6, 2, 3, 3, 1)), groups=2)
+
+
+# ---------------------------------------------------------------------------
+# nn modules and fuse_modules
+
+
+def test_conv_modules():
+    from nbops import nn
+
+    layer = nn.Conv2d(4, 6, (3, 2), stride=2, padding=1, groups=2, rng=0, dtype=np.float64)
+    assert [k for k, _ in layer.named_parameters()] == ["weight", "bias"]
+    assert layer.weight.shape == (6, 2, 3, 2)
+    x = np.random.default_rng(0).standard_normal((1, 4, 7, 6))
+    with nbops.no_grad():
+        y = layer(x)
+    check(y, ref_conv2d(x, layer.weight.data, layer.bias.data, (2, 2), (1, 1), (1, 1), 2), k=12)
+    y = layer(x)  # recorded: gradients reach the parameters
+    y.sum().backward()
+    assert layer.weight.grad.shape == layer.weight.shape
+    np.testing.assert_allclose(layer.bias.grad, np.full(6, y.shape[2] * y.shape[3]))
+    c1 = nn.Conv1d(2, 3, 3, padding="same", bias=False, rng=1, dtype=np.float64)
+    with nbops.no_grad():
+        check(c1(x[:, :2, 0]), ref_conv1d(x[:, :2, 0], c1.weight.data, None, 1, "same"), k=6)
+    with pytest.raises(ValueError, match="divisible by groups"):
+        nn.Conv2d(4, 6, 3, groups=4)
+
+
+def _randomise_bn(bn, rng):
+    c = bn.num_features
+    bn.running_mean[:] = rng.standard_normal(c)
+    bn.running_var[:] = rng.uniform(0.5, 2.0, c)
+    bn.weight.data[:] = rng.standard_normal(c)
+    bn.bias.data[:] = rng.standard_normal(c)
+
+
+def test_fuse_modules():
+    from nbops import nn
+
+    rng = np.random.default_rng(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, rng=0), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Conv2d(8, 4, 1, rng=1), nn.BatchNorm2d(4),
+                          nn.Conv2d(4, 4, 3, groups=4, rng=2), nn.ReLU())
+    for bn in (model[1], model[4]):
+        _randomise_bn(bn, rng)
+    with pytest.raises(ValueError, match="training mode"):
+        nn.fuse_modules(model)
+    model.eval()
+    x = rng.standard_normal((2, 3, 9, 7)).astype(np.float32)
+    with nbops.no_grad():
+        want = model(x)
+        nn.fuse_modules(model)
+        got = model(x)
+    assert [type(m).__name__ for m in model] == ["FusedConv"] * 3
+    assert [m.relu for m in model] == [True, False, True]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fuse_modules_named_groups():
+    from nbops import nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv1d(2, 3, 3, padding=1, rng=0)
+            self.bn = nn.BatchNorm1d(3)
+            self.relu = nn.ReLU()
+
+        def forward(self, x):
+            return self.relu(self.bn(self.conv(x)) + 1.0)
+
+    rng = np.random.default_rng(1)
+    block = Block()
+    _randomise_bn(block.bn, rng)
+    block.eval()
+    x = rng.standard_normal((2, 2, 8)).astype(np.float32)
+    with nbops.no_grad():
+        want = block(x)
+        nn.fuse_modules(block)  # not a Sequential: left alone
+        assert type(block.bn).__name__ == "BatchNorm1d"
+        nn.fuse_modules(block, [["conv", "bn"]])
+        got = block(x)
+    assert type(block.bn).__name__ == "Identity"
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="must name a Conv1d/Conv2d"):
+        nn.fuse_modules(block, [["relu", "conv"]])
