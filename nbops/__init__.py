@@ -37,6 +37,9 @@ from .arith import (  # noqa: F401
     add, sub, mul, div, pow, neg, exp, log, sum, mean, expand, sum_to,
 )
 from .normalization import batch_norm, layer_norm, rms_norm  # noqa: F401,E402
+from .conv import (  # noqa: F401,E402
+    conv1d, conv2d, conv_bn, conv_bn_relu, conv_relu, fold_batch_norm,
+)
 from .pooling import (  # noqa: F401,E402
     adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, avg_pool2d, global_avg_pool2d,
     max_pool1d, max_pool2d,
@@ -60,3 +63,4 @@ __all__ += ["batch_norm", "layer_norm", "rms_norm"]
 __all__ += ["max_pool1d", "max_pool2d", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d",
             "adaptive_avg_pool2d", "global_avg_pool2d", "softmax", "log_softmax"]
 __all__ += ["scaled_dot_product_attention", "positional_encoding"]
+__all__ += ["conv1d", "conv2d", "fold_batch_norm", "conv_bn_relu", "conv_bn", "conv_relu"]

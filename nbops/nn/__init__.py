@@ -27,3 +27,5 @@ from .pooling import (  # noqa: E402,F401
 )
 __all__ += ["MaxPool1d", "MaxPool2d", "AvgPool1d", "AvgPool2d", "AdaptiveAvgPool1d",
             "AdaptiveAvgPool2d", "Flatten", "Softmax", "LogSoftmax"]
+from .conv import Conv1d, Conv2d, FusedConv, fuse_modules  # noqa: E402,F401
+__all__ += ["Conv1d", "Conv2d", "FusedConv", "fuse_modules"]
