@@ -688,3 +688,56 @@ def test_static_quantization_of_an_mlp():
 def test_model_errors(call, err, match):
     with pytest.raises(err, match=match):
         call()
+
+
+def _cnn_and_data():
+    """conv-bn-relu-maxpool-conv-relu-avgpool-linear on 8x8 images of 4
+    classes (a fixed template each, plus noise). The weights are seeded; batch
+    norm statistics are set from the data and the linear head is fitted by
+    ridge regression on the float features, so that logits have real margins
+    (and the weights moderate magnitudes)."""
+    nn = nbops.nn
+    rng = np.random.default_rng(12)
+    templates = rng.normal(size=(4, 3, 8, 8)).astype(np.float32)
+
+    def batch(n):
+        labels = rng.integers(0, 4, n)
+        return (templates[labels] + rng.normal(0, 0.8, (n, 3, 8, 8))).astype(np.float32), labels
+
+    conv1, bn = nn.Conv2d(3, 8, 3, padding=1, rng=0), nn.BatchNorm2d(8)
+    body = nn.Sequential(conv1, bn, nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 16, 3, padding=1, rng=1), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(2), nn.Flatten())
+    head = nn.Linear(64, 4, rng=2)
+    fit_x, fit_y = batch(400)
+    pre = _array(conv1(fit_x))
+    bn.running_mean[:] = pre.mean(axis=(0, 2, 3)) + 0.1
+    bn.running_var[:] = pre.var(axis=(0, 2, 3)) * 1.5
+    bn.weight.data[:] = rng.uniform(0.5, 1.5, 8)
+    bn.bias.data[:] = rng.normal(0, 0.2, 8)
+    body.eval()
+    feats = _array(body(fit_x))
+    target = 2 * np.eye(4)[fit_y] - 1
+    design = np.c_[feats, np.ones(len(feats))]
+    coef = np.linalg.solve(design.T @ design + 10.0 * np.eye(design.shape[1]), design.T @ target)
+    head.weight.data[:] = coef[:-1].T
+    head.bias.data[:] = coef[-1]
+    return nn.Sequential(body, head).eval(), batch
+
+
+def test_static_quantized_cnn_agrees_with_float_model():
+    model, batch = _cnn_and_data()
+    observed = Q.prepare(model)
+    assert repr(observed).count("conv+relu") == 2 and "maxpool" in repr(observed)
+    for _ in range(4):
+        observed(batch(32)[0])
+    qmodel = Q.convert(observed)
+    x, labels = batch(500)
+    want = _array(model(x))
+    got = qmodel(x)
+    assert (want.argmax(1) == labels).mean() > 0.9  # the float model has learned something
+    agree = (got.argmax(1) == want.argmax(1)).mean()
+    assert agree >= 0.98, agree
+    assert np.abs(got - want).mean() < 0.02 * np.abs(want).max()
+    # the original model is untouched (fusion ran on a copy)
+    assert type(model[0][1]).__name__ == "BatchNorm2d"

@@ -8,9 +8,9 @@
 * :func:`prepare` / calibration / :func:`convert`: post-training static
   quantization of a :class:`nbops.nn.Sequential` (nested ones allowed) of
   Conv2d, BatchNorm2d, Linear, ReLU, MaxPool2d, AdaptiveAvgPool2d and
-  Flatten. :func:`prepare` folds each Conv2d+BatchNorm2d (evaluation-mode
-  statistics, :func:`nbops.fold_batch_norm`), fuses a following ReLU into
-  the Conv2d or Linear before it, and places activation observers at the
+  Flatten. :func:`prepare` folds each Conv2d+BatchNorm2d(+ReLU) with
+  :func:`nbops.nn.fuse_modules` (evaluation-mode statistics), fuses a
+  ReLU after a Linear into it, and places activation observers at the
   input and after every Conv2d/Linear; running float batches through the
   prepared model records ranges; :func:`convert` quantizes weights per
   output channel (int8, symmetric), biases to int32 in units of
@@ -153,11 +153,12 @@ def prepare(model, qconfig=None, inplace=False):
     ----------
     model : nbops.nn.Sequential of Conv2d, BatchNorm2d (after a Conv2d),
         Linear, ReLU, MaxPool2d, AdaptiveAvgPool2d, Flatten (nested
-        Sequentials are flattened). Put it in evaluation mode: batch norms
-        are folded with their running statistics.
+        Sequentials are flattened; FusedConv layers of ``nn.fuse_modules``
+        are accepted too). Batch norms are folded with their running
+        statistics, on a copy in evaluation mode.
     qconfig : QConfig, optional (:func:`default_qconfig`)
-    inplace : bool, ignored for the model's layers, which are never
-        modified (folding makes new weights); kept for PyTorch's signature.
+    inplace : bool, ignored: the model is copied (folding changes weights);
+        kept for PyTorch's signature.
 
     Returns
     -------
@@ -188,6 +189,11 @@ def prepare(model, qconfig=None, inplace=False):
     qconfig = qconfig or default_qconfig()
     if not isinstance(qconfig, QConfig):
         raise TypeError(f"prepare: 'qconfig' must be a QConfig, got {type(qconfig).__name__}")
+    from ..nn.conv import fuse_modules
+
+    # folding conv + batch norm (+ relu) is the conv layers' own job; on a copy,
+    # in evaluation mode (running statistics), so the user's model is unchanged
+    model = fuse_modules(copy.deepcopy(model).eval())
     return ObservedSequential(_fuse(_leaves(model)), qconfig)
 
 
@@ -240,14 +246,12 @@ class _Step:
 
 def _kinds():
     from .. import nn
+    from ..nn import conv
 
-    kinds = [(nn.Linear, "linear"), (nn.ReLU, "relu"), (nn.MaxPool2d, "maxpool"),
-             (nn.AdaptiveAvgPool2d, "avgpool"), (nn.Flatten, "flatten"),
-             (nn.BatchNorm2d, "bn")]
-    conv = getattr(nn, "Conv2d", None)
-    if conv is not None:
-        kinds.append((conv, "conv"))
-    return kinds
+    return [(nn.Linear, "linear"), (nn.ReLU, "relu"), (nn.MaxPool2d, "maxpool"),
+            (nn.AdaptiveAvgPool2d, "avgpool"), (nn.Flatten, "flatten"),
+            (nn.BatchNorm2d, "bn"), (conv.Conv2d, "conv"), (conv.FusedConv, "conv"),
+            (conv.Identity, "skip")]
 
 
 def _leaves(model):
@@ -261,47 +265,34 @@ def _leaves(model):
 
 
 def _fuse(layers):
+    """Steps from the layers of a model that ``nn.fuse_modules`` has folded:
+    conv (Conv2d or FusedConv, whose weights hold the batch norm), linear,
+    and the parameter-free layers; a ReLU after a conv or linear is fused
+    into it."""
     kinds = _kinds()
     steps = []
     for i, m in enumerate(layers):
         kind = next((k for cls, k in kinds if type(m) is cls), None)
-        if kind is None:
+        if kind is None or (kind == "conv" and m._spatial != 2):
             raise TypeError(f"prepare: layer {i} ({type(m).__name__}) is not supported by "
                             "static quantization (Conv2d, BatchNorm2d, Linear, ReLU, "
                             "MaxPool2d, AdaptiveAvgPool2d, Flatten)")
         prev = steps[-1] if steps else None
         if kind == "bn":
-            if prev is None or prev.kind != "conv" or prev.relu:
-                raise ValueError(f"prepare: BatchNorm2d at layer {i} must directly follow a "
-                                 "Conv2d to be folded into it")
-            _fold(prev, m, i)
-        elif kind == "relu" and prev is not None and prev.kind in ("conv", "linear") \
+            raise ValueError(f"prepare: BatchNorm2d at layer {i} must directly follow a "
+                             "Conv2d, to be folded into it")
+        if kind == "skip":
+            continue
+        if kind == "relu" and prev is not None and prev.kind in ("conv", "linear") \
                 and not prev.relu:
             prev.relu = True
         elif kind in ("conv", "linear"):
-            steps.append(_Step(kind, m, _host_f32(m.weight), _host_f32(m.bias)))
+            step = _Step(kind, m, _host_f32(m.weight), _host_f32(m.bias))
+            step.relu = bool(getattr(m, "relu", False))  # a FusedConv's epilogue relu
+            steps.append(step)
         else:
             steps.append(_Step(kind, m))
     return steps
-
-
-def _fold(step, bn, i):
-    from .. import conv as _conv
-
-    oc = step.weight.shape[0]
-    if bn.num_features != oc:
-        raise ValueError(f"prepare: BatchNorm2d at layer {i} has {bn.num_features} features "
-                         f"but the Conv2d before it has {oc} output channels")
-    c = np.ones(oc, np.float32)
-    gamma = _host_f32(bn.weight) if bn.weight is not None else c
-    beta = _host_f32(bn.bias) if bn.bias is not None else 0 * c
-    mean = bn.running_mean if bn.running_mean is not None else 0 * c
-    var = bn.running_var if bn.running_var is not None else c
-    step.weight, step.bias = _conv.fold_batch_norm(
-        step.weight, step.bias, np.asarray(mean, np.float32), np.asarray(var, np.float32),
-        gamma, beta, eps=bn.eps)
-    step.weight = np.ascontiguousarray(step.weight, np.float32)
-    step.bias = np.ascontiguousarray(step.bias, np.float32)
 
 
 def _float_forward(step, x):
