@@ -64,3 +64,5 @@ __all__ += ["max_pool1d", "max_pool2d", "avg_pool1d", "avg_pool2d", "adaptive_av
             "adaptive_avg_pool2d", "global_avg_pool2d", "softmax", "log_softmax"]
 __all__ += ["scaled_dot_product_attention", "positional_encoding"]
 __all__ += ["conv1d", "conv2d", "fold_batch_norm", "conv_bn_relu", "conv_bn", "conv_relu"]
+from . import quant  # noqa: E402,F401  (nbops.quant: int8 quantization)
+__all__ += ["quant"]
