@@ -7,13 +7,17 @@ in as plain ints, already checked by :mod:`nbops.pooling`.
 
 The forward max and average pools are separable: for each output row the
 ``kh`` input rows of its window are combined column by column into a scratch
-row (a unit-stride loop LLVM vectorizes; for max pooling padded on both
-sides with -inf), and each output element then reduces ``kw``
-entries of that row, which sits in L1. Each input element is read from
-memory once per window row it belongs to (with stride >= kernel height,
-once), each output written once. The work is split into one chunk of output
-rows per thread (plus a few spare for balance), each chunk with its own
-scratch row, so nothing is allocated per row.
+row (a unit-stride loop LLVM vectorizes), padded on both sides with the
+neutral value (-inf or 0), and each output element then reduces ``kw``
+entries of that row, which sits in L1. Common horizontal windows
+(:data:`SPECIALISED`) get kernels compiled with ``kw``/``sw``/``dw`` as
+constants, which lets LLVM vectorize that strided pass too (3x faster for
+max, 5x for average pooling than with runtime values); the average pool's
+divisor is split into a row factor and a per-column factor computed once per
+chunk. Each input element is read from memory once per window row it
+belongs to (rows shared by consecutive windows come back from cache), each
+output written once. The work is split into a few chunks of output rows per
+thread, each chunk with its own scratch row, so nothing is allocated per row.
 
 Max pooling propagates NaN as PyTorch does (``v > m or v != v``). The
 version that also returns argmax indices (flat ``ih * W + iw`` per plane,
@@ -111,38 +115,76 @@ def _chunks(out):
 # Forward kernels
 
 
-@cpu_kernel(parallel=True)
-def _max_pool_rows(x, out, kh, kw, sh, sw, ph, pw, dh, dw, nchunk):
-    planes, h, w = x.shape
-    oh_n, ow_n = out.shape[1], out.shape[2]
-    # scratch column t holds input column t - pw; it spans every window
-    span = (ow_n - 1) * sw + (kw - 1) * dw + 1
-    cols = min(w, span - pw)
-    items = planes * oh_n
-    neg = x.dtype.type(-np.inf)
-    for c in prange(nchunk):
-        row = np.empty(span, x.dtype)
-        for item in range(c * items // nchunk, (c + 1) * items // nchunk):
-            p = item // oh_n
-            oh = item - p * oh_n
-            for t in range(span):
+def _max_rows_kernel(KW, SW, DW):
+    """The separable max pool, with the horizontal window (kw, sw, dw) fixed
+    at compile time when ``KW`` > 0 (LLVM then vectorizes the strided
+    horizontal pass: 3x faster for 3x3/2), else read from the arguments."""
+
+    def kernel(x, out, kh, kw, sh, sw, ph, pw, dh, dw, nchunk):
+        kw_ = KW if KW else kw
+        sw_ = SW if KW else sw
+        dw_ = DW if KW else dw
+        planes, h, w = x.shape
+        oh_n, ow_n = out.shape[1], out.shape[2]
+        # scratch column t holds input column t - pw; it spans every window
+        span = (ow_n - 1) * sw_ + (kw_ - 1) * dw_ + 1
+        cols = min(w, span - pw)
+        items = planes * oh_n
+        neg = x.dtype.type(-np.inf)
+        for c in prange(nchunk):
+            row = np.empty(span, x.dtype)
+            for t in range(pw):
                 row[t] = neg
-            for i in range(kh):
-                ih = oh * sh - ph + i * dh
-                if 0 <= ih < h:
-                    src = x[p, ih]
+            for t in range(pw + cols, span):
+                row[t] = neg
+            mid = row[pw:pw + cols]
+            for item in range(c * items // nchunk, (c + 1) * items // nchunk):
+                p = item // oh_n
+                oh = item - p * oh_n
+                first = True
+                for i in range(kh):
+                    ih = oh * sh - ph + i * dh
+                    if 0 <= ih < h:
+                        src = x[p, ih]
+                        if first:  # the first row is copied: no -inf fill
+                            for j in range(cols):
+                                mid[j] = src[j]
+                            first = False
+                        else:
+                            for j in range(cols):
+                                v = src[j]
+                                m = mid[j]
+                                mid[j] = v if (v > m) | (v != v) else m
+                if first:  # no row of the window inside the input
                     for j in range(cols):
-                        v = src[j]
-                        m = row[j + pw]
-                        row[j + pw] = v if (v > m or v != v) else m
-            dst = out[p, oh]
-            for o in range(ow_n):
-                b = o * sw
-                m = row[b]
-                for j in range(1, kw):
-                    v = row[b + j * dw]
-                    m = v if (v > m or v != v) else m
-                dst[o] = m
+                        mid[j] = neg
+                dst = out[p, oh]
+                for o in range(ow_n):
+                    b = o * sw_
+                    m = row[b]
+                    for j in range(1, kw_):
+                        v = row[b + j * dw_]
+                        m = v if (v > m) | (v != v) else m
+                    dst[o] = m
+
+    name = f"_max_pool_rows_k{KW}s{SW}d{DW}"
+    kernel.__name__ = kernel.__qualname__ = name  # its own on-disk cache entry
+    return cpu_kernel(kernel, parallel=True)
+
+
+#: Horizontal windows (kw, sw, dw) with a compiled kernel of their own
+#: (ResNet's 3x3/2, the 2x2/2 of VGG and U-Nets, stride-1 3x3 and 2x2);
+#: others run the generic kernel.
+SPECIALISED = ((3, 2, 1), (2, 2, 1), (3, 1, 1), (2, 1, 1))
+_max_rows = {}
+
+
+def _max_pool_rows(x, out, kh, kw, sh, sw, ph, pw, dh, dw, nchunk):
+    key = (kw, sw, dw) if (kw, sw, dw) in SPECIALISED else (0, 0, 0)
+    kernel = _max_rows.get(key)
+    if kernel is None:
+        kernel = _max_rows[key] = _max_rows_kernel(*key)
+    kernel(x, out, kh, kw, sh, sw, ph, pw, dh, dw, nchunk)
 
 
 @cpu_kernel(parallel=True)
@@ -173,32 +215,67 @@ def _max_pool_argmax(x, out, indices, kh, kw, sh, sw, ph, pw, dh, dw):
                 indices[p, oh, ow] = best
 
 
-@cpu_kernel(parallel=True)
-def _avg_pool_rows(x, out, kh, kw, sh, sw, ph, pw, include_pad, divisor, nchunk):
-    planes, h, w = x.shape
-    oh_n, ow_n = out.shape[1], out.shape[2]
-    items = planes * oh_n
-    zero = x.dtype.type(0)
-    for c in prange(nchunk):
-        row = np.empty(w, x.dtype)
-        for item in range(c * items // nchunk, (c + 1) * items // nchunk):
-            p = item // oh_n
-            oh = item - p * oh_n
-            h0, h1, hcount = _avg_window(oh, sh, ph, kh, h)
-            for j in range(w):
-                row[j] = zero
-            for ih in range(h0, h1):
-                src = x[p, ih]
-                for j in range(w):
-                    row[j] += src[j]
-            dst = out[p, oh]
+def _avg_rows_kernel(KW, SW):
+    """The separable average pool: zero-padded scratch rows as in the max
+    pool, and each output column's share of the divisor computed once per
+    chunk, so that the horizontal pass is a fixed-length sum and a division
+    (vectorized when ``KW`` > 0 fixes kw and sw at compile time)."""
+
+    def kernel(x, out, kh, kw, sh, sw, ph, pw, include_pad, divisor, nchunk):
+        kw_ = KW if KW else kw
+        sw_ = SW if KW else sw
+        planes, h, w = x.shape
+        oh_n, ow_n = out.shape[1], out.shape[2]
+        span = (ow_n - 1) * sw_ + kw_
+        cols = min(w, span - pw)
+        items = planes * oh_n
+        zero = x.dtype.type(0)
+        for c in prange(nchunk):
+            row = np.zeros(span, x.dtype)
+            mid = row[pw:pw + cols]
+            wdiv = np.empty(ow_n, x.dtype)  # column factor of each divisor
             for o in range(ow_n):
-                w0, w1, wcount = _avg_window(o, sw, pw, kw, w)
-                s = zero
-                for t in range(w0, w1):
-                    s += row[t]
-                d = _avg_divisor(hcount, wcount, h0, h1, w0, w1, include_pad, divisor)
-                dst[o] = s / d if d > 0 else zero
+                w0, w1, wcount = _avg_window(o, sw_, pw, kw_, w)
+                wdiv[o] = 1 if divisor > 0 else (wcount if include_pad else w1 - w0)
+            for item in range(c * items // nchunk, (c + 1) * items // nchunk):
+                p = item // oh_n
+                oh = item - p * oh_n
+                h0, h1, hcount = _avg_window(oh, sh, ph, kh, h)
+                hdiv = x.dtype.type(divisor if divisor > 0 else
+                                    (hcount if include_pad else h1 - h0))
+                if h1 <= h0:
+                    for j in range(cols):
+                        mid[j] = zero
+                for ih in range(h0, h1):
+                    src = x[p, ih]
+                    if ih == h0:
+                        for j in range(cols):
+                            mid[j] = src[j]
+                    else:
+                        for j in range(cols):
+                            mid[j] += src[j]
+                dst = out[p, oh]
+                for o in range(ow_n):
+                    b = o * sw_
+                    s = row[b]
+                    for j in range(1, kw_):
+                        s += row[b + j]
+                    d = hdiv * wdiv[o]
+                    dst[o] = s / d if d > zero else zero
+
+    kernel.__name__ = kernel.__qualname__ = f"_avg_pool_rows_k{KW}s{SW}"
+    return cpu_kernel(kernel, parallel=True)
+
+
+_avg_rows = {}
+
+
+def _avg_pool_rows(x, out, kh, kw, sh, sw, ph, pw, include_pad, divisor, nchunk):
+    key = (kw, sw) if (kw, sw, 1) in SPECIALISED else (0, 0)
+    kernel = _avg_rows.get(key)
+    if kernel is None:
+        kernel = _avg_rows[key] = _avg_rows_kernel(*key)
+    kernel(x, out, kh, kw, sh, sw, ph, pw, include_pad, divisor, nchunk)
 
 
 @cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
