@@ -27,7 +27,7 @@ from ._dispatch import CPU, CUDA, operator
 __all__ = ["batch_norm", "layer_norm", "rms_norm"]
 
 _ENTRIES = ("norm_rows", "norm_rows_backward", "batch_norm_stats", "batch_norm_invstd",
-            "batch_norm_forward", "batch_norm_backward")
+            "batch_norm_forward", "batch_norm_train", "batch_norm_backward")
 for _e in _ENTRIES:
     # private names ("normalization.x"): no user operator can collide with them
     _dispatch.register_kernel(f"normalization.{_e}", CPU, f"nbops.cpu.normalization:{_e}")
@@ -155,8 +155,15 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
         return out
     x3 = _as3(_contiguous(x), (n, c, s))
     w, b = _affine(weight, bias, c, x.dtype, dev)
-    mean, invstd = _channel_stats(dev, x3, running_mean, running_var, training, momentum, eps,
-                                  update)
+    if training:
+        mean, invstd = (_checks.empty((c,), x.dtype, dev) for _ in range(2))
+        empty = _checks.empty((0,), x.dtype, dev)
+        _kernel("batch_norm_train", dev)(
+            x3, eps, w, b, mean, invstd, running_mean if update else empty,
+            running_var if update else empty, momentum, update, _as3(out, (n, c, s)))
+        return out
+    mean, invstd = _channel_stats(dev, x3, running_mean, running_var, False, momentum, eps,
+                                  False)
     _kernel("batch_norm_forward", dev)(x3, mean, invstd, w, b, _as3(out, (n, c, s)))
     return out
 

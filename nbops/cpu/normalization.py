@@ -33,7 +33,7 @@ from numba import njit, prange
 from .._jit import FASTMATH, FASTMATH_REDUCE, serial_and_parallel
 
 __all__ = ["norm_rows", "norm_rows_backward", "batch_norm_stats", "batch_norm_invstd",
-           "batch_norm_forward", "batch_norm_backward"]
+           "batch_norm_forward", "batch_norm_train", "batch_norm_backward"]
 
 #: Below this many elements the serial twin of a kernel runs: waking the
 #: thread pool costs more than the loop (the activations' measured threshold,
@@ -206,14 +206,27 @@ def batch_norm_stats(x, eps, mean, invstd, running_mean, running_var, momentum, 
     an (n, c, s) ``x``; when ``update``, also ``running = (1 - momentum) *
     running + momentum * batch`` with the unbiased variance, in place."""
     n, c, s = x.shape
-    nsplit = _splits(n, c, s)
     m64 = np.empty(c)
     v64 = np.empty(c)
-    _pick(_channel_stats, x.size)(x, nsplit, m64, v64)
+    _pick(_channel_stats, x.size)(x, _splits(n, c, s), m64, v64)
+    _finish_stats(x, m64, v64, eps, mean, invstd, running_mean, running_var, momentum, update)
+
+
+def batch_norm_train(x, eps, weight, bias, mean, invstd, running_mean, running_var, momentum,
+                     update, out):
+    """Training forward: :func:`batch_norm_stats`, then :func:`batch_norm_forward`
+    with the batch statistics. (A kernel doing both per channel while the
+    channel sits in L2 measured slower here, 0.70 ms against 0.29 + 0.19 ms
+    on [8, 64, 56, 56] float32, one thread: its channel-order writes.)"""
+    batch_norm_stats(x, eps, mean, invstd, running_mean, running_var, momentum, update)
+    return batch_norm_forward(x, mean, invstd, weight, bias, out)
+
+
+def _finish_stats(x, m64, v64, eps, mean, invstd, running_mean, running_var, momentum, update):
     mean[:] = m64
     invstd[:] = 1.0 / np.sqrt(v64 + eps)
     if update:
-        count = n * s
+        count = x.shape[0] * x.shape[2]
         unbiased = v64 * (count / (count - 1))
         running_mean[:] = (1.0 - momentum) * running_mean + momentum * m64
         running_var[:] = (1.0 - momentum) * running_var + momentum * unbiased
@@ -276,16 +289,12 @@ def _channel_stats(x, nsplit, mean, var):
         bm = 0.0
         bq = 0.0
         for i in range(k * n // nsplit, (k + 1) * n // nsplit):
-            p = x[i, ch]
-            pc = p.dtype.type(_sum(p) / s)
-            s1, s2 = _deviations(p, pc)
-            pm = pc + s1 / s
-            q = max(s2 - s * (pm - pc) ** 2, 0.0)
+            pm, q = _plane_moments(x[i, ch])
             bc, bm, bq = _chan_merge(bc, bm, bq, float(s), pm, q)
         cnt[k, ch] = bc
         mu[k, ch] = bm
         m2[k, ch] = bq
-    for ch in prange(c):
+    for ch in range(c):  # c x nsplit merges: less than a parallel region's start-up
         bc = 0.0
         bm = 0.0
         bq = 0.0
@@ -293,6 +302,16 @@ def _channel_stats(x, nsplit, mean, var):
             bc, bm, bq = _chan_merge(bc, bm, bq, cnt[k, ch], mu[k, ch], m2[k, ch])
         mean[ch] = bm
         var[ch] = bq / bc
+
+
+@njit(inline="always")
+def _plane_moments(p):
+    """``(mean, M2)`` of one plane in float64 (corrected two-pass)."""
+    s = p.size
+    pc = p.dtype.type(_sum(p) / s)
+    s1, s2 = _deviations(p, pc)
+    pm = pc + s1 / s
+    return pm, max(s2 - s * (pm - pc) ** 2, 0.0)
 
 
 @njit(inline="always")
@@ -340,7 +359,7 @@ def _channel_grad_sums(x, g, mean, nsplit, sg, sgx):
                 b += gp[j] * (xp[j] - m)
         pg[k, ch] = a
         pgx[k, ch] = b
-    for ch in prange(c):
+    for ch in range(c):
         a = 0.0
         b = 0.0
         for k in range(nsplit):

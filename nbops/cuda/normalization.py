@@ -21,7 +21,7 @@ from numba import cuda, float64
 from ._launch import THREADS, grid_1d
 
 __all__ = ["norm_rows", "norm_rows_backward", "batch_norm_stats", "batch_norm_invstd",
-           "batch_norm_forward", "batch_norm_backward"]
+           "batch_norm_forward", "batch_norm_train", "batch_norm_backward"]
 
 # every reduction kernel runs blocks of exactly THREADS (a power of two)
 # threads: its shared arrays are sized by it at compile time
@@ -156,6 +156,12 @@ def batch_norm_forward(x, mean, invstd, weight, bias, out):
     if x.size:
         _channel_affine[grid_1d(x.size)](x, mean, invstd, weight, bias, out)
     return out
+
+
+def batch_norm_train(x, eps, weight, bias, mean, invstd, running_mean, running_var, momentum,
+                     update, out):
+    batch_norm_stats(x, eps, mean, invstd, running_mean, running_var, momentum, update)
+    return batch_norm_forward(x, mean, invstd, weight, bias, out)
 
 
 def batch_norm_backward(x, g, mean, invstd, weight, training, dx, dweight, dbias):
