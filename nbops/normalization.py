@@ -6,13 +6,19 @@ device; weights, biases and running statistics have the input's dtype and
 device. Non-contiguous inputs are copied to C order first (the kernels
 walk rows and channel planes with unit stride).
 
-Numerics: statistics accumulate in float64 on both devices. Layer and RMS
-norm take two passes over each row while it is in cache (mean, then the
-mean squared deviation from it), batch norm folds per-plane two-pass
-statistics with Chan's parallel merge (CPU) or per-thread Welford
-accumulators merged by Chan's formula in a shared-memory tree (CUDA); none
-of them forms ``E[x^2] - E[x]^2``, so an offset of 1e4 on unit-variance
-data costs no accuracy. Kernels: ``nbops/cpu/normalization.py`` and
+Numerics: none of the kernels forms ``E[x^2] - E[x]^2``, so an offset of
+1e4 (float32) or 1e8 (float64) on unit-variance data costs no accuracy in
+the statistics. On the CPU, layer and RMS norm take two passes over each
+row while it is in cache (a mean, then the deviations from it with the
+corrected two-pass formula); the sums run in blocks of 256 elements in
+the input's dtype (full-width vectors) whose totals accumulate in float64.
+Batch norm computes each (sample, channel) plane's mean and M2 that way
+and folds the planes with Chan's parallel merge. On CUDA each thread keeps
+float64 sums (layer norm) or a Welford accumulator (batch norm), merged in
+a shared-memory tree (Chan's formula for Welford states). The
+normalisation itself runs in the input's dtype: the mean rounded to it
+moves float32 outputs by at most half an ulp of the mean over the
+standard deviation, the size of the input's own rounding. Kernels: ``nbops/cpu/normalization.py`` and
 ``nbops/cuda/normalization.py``. Backward rules are attached for autograd
 (training-mode batch norm differentiates through the batch statistics).
 """
