@@ -29,3 +29,5 @@ __all__ += ["MaxPool1d", "MaxPool2d", "AvgPool1d", "AvgPool2d", "AdaptiveAvgPool
             "AdaptiveAvgPool2d", "Flatten", "Softmax", "LogSoftmax"]
 from .conv import Conv1d, Conv2d, FusedConv, fuse_modules  # noqa: E402,F401
 __all__ += ["Conv1d", "Conv2d", "FusedConv", "fuse_modules"]
+from .transformer import MultiheadAttention, TransformerEncoderLayer  # noqa: E402,F401
+__all__ += ["MultiheadAttention", "TransformerEncoderLayer"]
