@@ -19,9 +19,10 @@ import textwrap
 import numpy as np
 import pytest
 import scipy.special as sp
-from numba import njit, prange, types
+from numba import config, njit, prange, types
 from numba.core.errors import TypingError
 
+from nbops._jit import cpu_kernel
 from nbops.cpu import _approx
 from nbops.cpu._approx import erf, erfc, exp, expm1, log1p, tanh
 
@@ -41,10 +42,12 @@ LD = np.longdouble
 LD_OK = np.finfo(LD).nmant >= 63          # x86 80-bit long double
 
 
-@njit(cache=True, fastmath=FASTMATH)
+@cpu_kernel(fastmath=FASTMATH)
 def _eval(fid, x, out):
     # one compiled function for all six (compile time); the loops vectorize
-    # like the prange loops of real kernels (asserted in test_vectorized)
+    # like the prange loops of real kernels (asserted in test_vectorized).
+    # cpu_kernel, not njit(cache=True): its cache key includes _approx.py,
+    # so that an edit there recompiles this rather than loading old code.
     n = x.size
     if fid == 0:
         for i in range(n):
@@ -471,7 +474,15 @@ def test_vectorized(dtype):
             out[i] = exp(v) + expm1(v) + log1p(v) + erf(v) + erfc(v) + tanh(v)
 
     x = np.linspace(0, 1, 64).astype(dtype)
-    kernel(x, np.empty_like(x))
+    # with the SLP vectorizer on, as nbops's cpu_kernel compiles: it must
+    # not pack the helpers' code into short vectors (a loop holding vector
+    # code is not vectorized; float64 erfc's split Horner once was)
+    saved = config.SLP_VECTORIZE
+    config.SLP_VECTORIZE = 1
+    try:
+        kernel(x, np.empty_like(x))
+    finally:
+        config.SLP_VECTORIZE = saved
     body = _gufunc_asm(kernel)
     suffix = "ps" if dtype == np.float32 else "pd"
     packed = re.findall(rf"vfn?m(?:add|sub)\d+{suffix}\s+[^\n]*%[yz]mm", body)

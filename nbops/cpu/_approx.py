@@ -105,8 +105,9 @@ from types import FunctionType
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import config, njit, types
 from numba.core import errors
+from numba.core.compiler_lock import global_compiler_lock
 from numba.extending import intrinsic, overload
 
 __all__ = ["exp", "expm1", "log1p", "erf", "erfc", "tanh"]
@@ -485,7 +486,33 @@ def _erfc_dt_tv(g, corr, d, t, v, pt):
 # as machine code, which LLVM cannot inline into the caller's loop. The
 # caller's own cache holds the inlined code.
 _OPTIONS = {"error_model": "numpy", "fastmath": {"contract"}}
-_jit = njit(nogil=True, **_OPTIONS)
+
+
+def _jit(fn):
+    """``njit`` for the helpers, compiled with LLVM's SLP vectorizer off.
+
+    A helper is compiled when its first caller is, and would take that
+    caller's setting: :func:`nbops._jit.cpu_kernel` switches SLP on. SLP can
+    then pack a helper's independent operations (the two Horner chains of
+    :func:`_erfc_poly_split`) into 2-wide vectors, and a loop whose body
+    holds vector code is not vectorized: the float64 erfc loop ran scalar.
+    Off here, the helpers' code is the same whoever compiles first, and the
+    caller's loop vectorizer widens the inlined code."""
+    disp = njit(nogil=True, **_OPTIONS)(fn)
+    compile_ = disp.compile
+
+    def compile(sig):
+        # under Numba's compiler lock: no other compilation sees the setting
+        with global_compiler_lock:
+            saved = config.SLP_VECTORIZE
+            config.SLP_VECTORIZE = 0
+            try:
+                return compile_(sig)
+            finally:
+                config.SLP_VECTORIZE = saved
+
+    disp.compile = compile
+    return disp
 
 
 @intrinsic
@@ -706,14 +733,16 @@ def _register(stub):
     impl64 = _F64["_" + stub.__name__]
 
     def f32(x):
-        _inline()
         return impl32(x)
 
     def f64(x):
-        _inline()
         return impl64(x)
 
-    @overload(stub, target="cpu", jit_options=_OPTIONS)
+    # inlined at Numba IR level: the caller calls impl32/impl64 itself, which
+    # are compiled by _jit (SLP off); a wrapper of its own would be compiled
+    # under the caller's setting. It holds no arithmetic to take the
+    # caller's flags (see _inline).
+    @overload(stub, target="cpu", jit_options=_OPTIONS, inline="always")
     def typed(x):
         if x == types.float32:
             return f32
