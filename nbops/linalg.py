@@ -40,28 +40,36 @@ IMPLS = ("auto", "nbops", "blas")
 
 #: The CPU config used when tuning is off (``NBOPS_AUTOTUNE=0``): nbops'
 #: own kernel, MC x KC panels of A (64 x 256: 64 KiB of float32 in L2),
-#: KC x NC panels of B (256 x 2048: 2 MiB, in L3).
-DEFAULT_CONFIG = {"impl": "nbops", "MC": 64, "KC": 256, "NC": 2048}
+#: KC x NC panels of B (256 x 2048: 2 MiB, in L3); stacks of products
+#: whose m, n and k are all at most SMALL (and at least one product per
+#: thread, C at least one vector wide: ``nbops.cpu.linalg.small_route``)
+#: take the non-packing small-product driver instead.
+DEFAULT_CONFIG = {"impl": "nbops", "MC": 64, "KC": 256, "NC": 2048, "SMALL": 128}
 
-#: Candidates the autotuner times on the CPU: block sizes of nbops' kernel
-#: around the default, and NumPy's BLAS.
+#: Candidates the autotuner times on the CPU: block sizes of nbops' packed
+#: kernel around the default (small-product route off, SMALL=0), a wider
+#: small-product bound, and NumPy's BLAS.
 GEMM_CONFIGS = [
     DEFAULT_CONFIG,
-    {"impl": "nbops", "MC": 96, "KC": 256, "NC": 2048},
-    {"impl": "nbops", "MC": 128, "KC": 256, "NC": 4096},
-    {"impl": "nbops", "MC": 64, "KC": 384, "NC": 1024},
-    {"impl": "nbops", "MC": 48, "KC": 512, "NC": 1024},
-    {"impl": "nbops", "MC": 128, "KC": 128, "NC": 4096},
-    {"impl": "blas", "MC": 0, "KC": 0, "NC": 0},
+    {"impl": "nbops", "MC": 64, "KC": 256, "NC": 2048, "SMALL": 0},
+    {"impl": "nbops", "MC": 64, "KC": 256, "NC": 2048, "SMALL": 256},
+    {"impl": "nbops", "MC": 96, "KC": 256, "NC": 2048, "SMALL": 0},
+    {"impl": "nbops", "MC": 128, "KC": 256, "NC": 4096, "SMALL": 0},
+    {"impl": "nbops", "MC": 64, "KC": 384, "NC": 1024, "SMALL": 0},
+    {"impl": "nbops", "MC": 48, "KC": 512, "NC": 1024, "SMALL": 0},
+    {"impl": "nbops", "MC": 128, "KC": 128, "NC": 4096, "SMALL": 0},
+    {"impl": "blas", "MC": 0, "KC": 0, "NC": 0, "SMALL": 0},
 ]
 
 
 @_autotune.autotune(configs=GEMM_CONFIGS, key=["m", "n", "k", "batch"],
                     default=DEFAULT_CONFIG, name="nbops.gemm")
-def _cpu_gemm(args, m, n, k, batch, dtype, impl, MC, KC, NC):
+def _cpu_gemm(args, m, n, k, batch, dtype, impl, MC, KC, NC, SMALL=None):
+    if SMALL is None:  # a config written before the small-product route existed
+        SMALL = DEFAULT_CONFIG["SMALL"]
     if impl == "blas":
         return _dispatch.kernel("gemm_blas", CPU)(*args)
-    return _dispatch.kernel("gemm", CPU)(*args, MC=MC, KC=KC, NC=NC)
+    return _dispatch.kernel("gemm", CPU)(*args, MC=MC, KC=KC, NC=NC, SMALL=SMALL)
 
 
 # ---------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """matmul, bmm and linear against NumPy in float64, on CPU and (simulated) CUDA.
 
 Tuning is off here (``NBOPS_AUTOTUNE=0``): the CPU kernel runs its default
-config, or a tiny one (``SMALL``) whose block edges small matrices cross.
+config, or a tiny one (``SMALL``) whose block edges small matrices cross,
+or the small-product route forced on (``small_route``).
 Few float32 signatures are compiled, since the micro-kernel compiles slowly.
 """
 
@@ -15,7 +16,8 @@ import nbops
 from nbops import linalg
 from helpers import host, to_dev
 
-SMALL = {"impl": "nbops", "MC": 16, "KC": 8, "NC": 32}
+# packed kernel only (SMALL=0): the small-product route has its own tests
+SMALL = {"impl": "nbops", "MC": 16, "KC": 8, "NC": 32, "SMALL": 0}
 
 # float64 references of the epilogue activations, with the kernels' defaults
 ACT_REF = {
@@ -191,6 +193,96 @@ def test_nan_propagates(small_blocks):
     a[1, 2] = np.nan
     y = nbops.linear(a, np.ones((5, 4)), activation="relu")
     assert np.isnan(y[1]).all() and not np.isnan(y[[0, 2]]).any()
+
+
+# ---------------------------------------------------------------------------
+# The small-product route (non-packing driver)
+
+
+@pytest.fixture
+def small_route(monkeypatch):
+    """Default config with the small-product route taking every product up
+    to 128 (the rule also asks for one product per thread)."""
+    from nbops.cpu import linalg as cpu
+
+    monkeypatch.setattr(linalg._cpu_gemm, "default", dict(linalg.DEFAULT_CONFIG, SMALL=128))
+    calls = []
+    real = cpu.small_driver
+    monkeypatch.setattr(cpu, "small_driver", lambda dt: calls.append(dt) or real(dt))
+    return calls
+
+
+# m, n, k around the 8-row tile, the one- and two-vector column tiles
+# (16/32 float32, 8/16 float64) and the 64 bound; m < 8 pads A, n < one
+# vector pads B and goes through a scratch tile
+SMALL_SHAPES = [(1, 1, 1), (3, 3, 3), (1, 33, 5), (8, 16, 1), (31, 17, 63), (33, 31, 2),
+                (63, 65, 33), (65, 63, 31), (9, 48, 64), (64, 64, 64)]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_small_route_shapes(small_route, dtype):
+    rng = np.random.default_rng(20)
+    for m, n, k in SMALL_SHAPES:
+        a, b = rand(rng, (3, m, k), dtype), rand(rng, (3, k, n), dtype)
+        want = a.astype(np.float64) @ b
+        check(nbops.matmul(a, b, impl="nbops"), want, dtype, k)
+    assert small_route and set(small_route) == {np.dtype(dtype)}
+
+
+def test_small_route_strided_and_broadcast(small_route):
+    rng = np.random.default_rng(21)
+    a = rand(rng, (4, 40, 70))
+    b = rand(rng, (4, 70, 50))
+    cases = [
+        (a[:, :33, :31], b[:, :31, :17]),                           # sliced, row-major
+        (a.transpose(0, 2, 1)[:, :17, :9], b[:, :9, ::2]),          # A transposed, B step 2
+        (a[:, ::-1, ::-1][:, :9, :65], b[:, ::-1][:, :65, :31]),  # negative strides
+        (a[0, :20, :10], b[:, :10, :40]),                           # A broadcast
+        (np.broadcast_to(a[0, :5, :30], (4, 5, 30)), b[:, :30, :16]),  # stride-0 batch
+        (a[:, :7, :30], np.asfortranarray(b[0, :30, :20])),           # F-order B, broadcast
+        (a[:, :8, :3], b[:, :3, :5]),                                 # n under one vector
+    ]
+    for x, y in cases:
+        x0, y0 = x.copy(), y.copy()
+        check(nbops.matmul(x, y, impl="nbops"), np.matmul(x0, y0), k=x.shape[-1])
+        assert np.array_equal(x, x0) and np.array_equal(y, y0)
+    w = rand(rng, (24, 12))                                           # linear: B = w.T
+    x = rand(rng, (6, 5, 12))
+    check(nbops.matmul(x, w.T, impl="nbops"), x @ w.T, k=12)
+    assert len(small_route) == len(cases) + 1
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", ("leaky_relu", 0.2)])
+def test_small_route_epilogue(small_route, activation):
+    # rows and columns past the tile edges are recomputed by shifted tiles:
+    # the epilogue must still apply exactly once. x's leading axes do not
+    # merge, so linear runs one product per batch member through the route.
+    rng = np.random.default_rng(22)
+    x = rand(rng, (13, 4, 11)).transpose(1, 0, 2)
+    w, bias = rand(rng, (19, 11)) * 0.5, rand(rng, 19)
+    name, params = (activation[0], activation[1:]) if isinstance(activation, tuple) \
+        else (activation, ())
+    for xx, ww, bb in ((x, w, bias), (x[:, :5], w, None), (x, w[:17], bias[:17])):
+        z = xx @ ww.T + (0 if bb is None else bb)
+        want = z if name is None else ACT_REF[name](z, *params)
+        out = np.empty(z.shape)
+        got = nbops.linear(xx, ww, bb, activation=activation, out=out)
+        assert got is out
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+    assert len(small_route) == 3
+
+
+def test_small_route_rule():
+    from nbops.cpu import linalg as cpu
+
+    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
+    assert cpu.small_route(f32, 4096, 32, 32, 32, 64, 2)
+    assert cpu.small_route(f64, 2, 64, 3, 64, 64, 2)
+    assert not cpu.small_route(f32, 4096, 32, 65, 32, 64, 2)  # past the bound
+    assert not cpu.small_route(f32, 1, 32, 32, 32, 64, 2)     # fewer products than threads
+    assert not cpu.small_route(f32, 4096, 32, 32, 32, 0, 1)   # route off
+    assert linalg.DEFAULT_CONFIG["SMALL"] > 0
+    assert any(c.get("SMALL") == 0 for c in linalg.GEMM_CONFIGS if c["impl"] == "nbops")
 
 
 # ---------------------------------------------------------------------------

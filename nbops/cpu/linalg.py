@@ -320,6 +320,167 @@ def _make_drivers(mr, nr):
     return tiles, batched, scope["_micro"]
 
 
+# ---------------------------------------------------------------------------
+# Small products: no packing
+
+
+def _small_tile_source(mr, nr):
+    """Source of ``small_{mr}x{nr}``: an MR x NR tile of C computed from A
+    and B where they lie. A's MR rows (at ``a0 + i * sam``, all readable)
+    are read through both strides, one broadcast per row and k step; B must
+    have unit column stride, so that each k step loads NR contiguous
+    elements of one row of B as whole vectors. Only the first ``rows`` rows
+    are stored (branches outside the k loop).
+
+    Indices are unsigned (``U``, constants ``U1``...): Numba guards signed
+    indices against negative values, and the SLP vectorizer vectorized those
+    guards instead of the loads (a third of the loop). Element indices are
+    never negative; negative strides wrap modulo 2**64 and the sums come out
+    right. Row offsets ``i * sam`` written this way let LLVM walk the rows
+    with one stride register instead of MR pointers spilled to the stack."""
+    name = f"small_{mr}x{nr}"
+    acc = [[f"c{i}_{j}" for j in range(nr)] for i in range(mr)]
+    lines = [f"def {name}(abuf, a0, sam, sak, rows, bbuf, b0, sbk, k, outf, c0, ldc, zero):",
+             "    wide()"]
+    lines += [f"    {acc[i][j]} = zero" for i in range(mr) for j in range(nr)]
+    lines += ["    ap = U(a0)", "    bp = U(b0)", "    usam = U(sam)", "    usak = U(sak)",
+              "    usbk = U(sbk)"]
+    lines += [f"    s{i} = U{i} * usam" for i in range(1, mr)]
+    lines += ["    for p in range(k):", "        x0 = abuf[ap]"]
+    lines += [f"        x{i} = abuf[ap + s{i}]" for i in range(1, mr)]
+    lines += ["        y0 = bbuf[bp]"]
+    lines += [f"        y{j} = bbuf[bp + U{j}]" for j in range(1, nr)]
+    lines += [f"        {acc[i][j]} += x{i} * y{j}" for i in range(mr) for j in range(nr)]
+    lines += ["        ap += usak", "        bp += usbk"]
+    for i in range(mr):
+        ind = "    "
+        if i:
+            lines.append(f"    if rows > {i}:")
+            ind = "        "
+        lines.append(f"{ind}row = outf[c0 + {i} * ldc:c0 + {i} * ldc + {nr}]")
+        lines += [f"{ind}row[{j}] = {acc[i][j]}" for j in range(nr)]
+    return name, "\n".join(lines) + "\n"
+
+
+def _unsigned_scope(n):
+    scope = {"wide": _prefer_wide_vectors, "U": np.uint64}
+    scope.update({f"U{j}": np.uint64(j) for j in range(1, n)})
+    return scope
+
+
+#: Default bound of the small-product route on m, n and k (``SMALL`` in the
+#: GEMM configs): A, B and C of a 64^3 float32 product take 48 KiB, about
+#: L1 plus a little; one task's products stay in L1/L2 while it works.
+SMALL_MAX = 64
+
+
+def small_route(dtype, nbatch, m, n, k, bound, threads):
+    """The documented rule for the non-packing small-product driver: every
+    one of m, n, k at most ``bound`` (0 turns the route off) and at least
+    one product per thread (the driver parallelises over products only).
+    ``dtype`` is part of the rule's signature for tile-dependent rules."""
+    return bound > 0 and max(m, n, k) <= bound and nbatch >= threads
+
+
+#: Register tiles of the small-product path per dtype: (MR, wide NR,
+#: narrow NR); the narrow tile is one vector of C per row, the wide one two.
+SMALL_TILES = {np.dtype(np.float32): (8, 32, 16), np.dtype(np.float64): (8, 16, 8)}
+_wide_tile = _narrow_tile = None
+SNR = SNN = 0
+
+
+def _small_product_t(abuf, a0, sam, sak, bbuf, b0, sbk, outf, c0, m, n, k, ctile, bias,
+                     act, prm, cst):
+    # C (m x n at c0, row stride n) = epilogue(A @ B), m >= MR or A padded
+    # to MR readable rows, B with unit column stride and at least SNN
+    # readable columns. Column panels outside, row blocks inside: the k x NR
+    # panel of B stays in L1 while A's rows stream past it. Tiles that would
+    # cross the last row or column are moved back to end there: they
+    # recompute a few rows or columns already stored (bit-identical values)
+    # instead of going through a scratch tile; only a C narrower than one
+    # vector (B then padded to SNN columns) goes through ``ctile``. The
+    # epilogue runs once, after every tile is stored.
+    zero = cst.zero
+    rows = min(MR, m)
+    j0 = 0
+    while j0 < n:
+        wide = n - j0 >= SNR or (n >= SNR and n - j0 > SNN)
+        j0 = max(0, min(j0, n - (SNR if wide else SNN)))
+        i0 = 0
+        while i0 < m:
+            i0 = max(0, min(i0, m - MR))
+            if wide:
+                _wide_tile(abuf, a0 + i0 * sam, sam, sak, rows, bbuf, b0 + j0, sbk, k, outf,
+                           c0 + i0 * n + j0, n, zero)
+            elif n >= SNN:
+                _narrow_tile(abuf, a0 + i0 * sam, sam, sak, rows, bbuf, b0 + j0, sbk, k,
+                             outf, c0 + i0 * n + j0, n, zero)
+            else:
+                _narrow_tile(abuf, a0 + i0 * sam, sam, sak, rows, bbuf, b0, sbk, k, ctile,
+                             0, SNN, zero)
+                for i in range(rows):
+                    for j in range(n):
+                        outf[c0 + (i0 + i) * n + j] = ctile[i * SNN + j]
+            i0 += MR
+        j0 += SNR if wide else SNN
+    if act != 0 or bias.size > 0:
+        _epilogue_tile(outf, c0, n, m, n, bias, 0, act, prm, cst)
+
+
+def _small_t(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, outf, nbatch, m, n, k, bias, act,
+             prm, cst, nthreads):
+    # whole products per task. Copied into per-task buffers (in L1/L2) only
+    # where the tiles cannot read in place: a B whose columns are not
+    # contiguous (row-major copy) or that is narrower than one vector
+    # (padded with zero columns), and an A with fewer than MR rows (padded
+    # with zero rows), so that tiles read only valid memory
+    nchunks = min(nbatch, TASKS_PER_THREAD * nthreads)
+    ldb = max(n, SNN)
+    copy_b = sbn != 1 or n < SNN
+    pad_a = m < MR
+    for t in prange(nchunks):
+        bcopy = np.zeros(k * ldb if copy_b else 0, outf.dtype)
+        apad = np.zeros(MR * k if pad_a else 0, outf.dtype)
+        ctile = np.empty(MR * SNN if n < SNN else 0, outf.dtype)
+        for bi in range(t * nbatch // nchunks, (t + 1) * nbatch // nchunks):
+            a_buf, a_off, a_sm, a_sk = abuf, offa[bi], sam, sak
+            b_buf, b_off, b_sk = bbuf, offb[bi], sbk
+            if pad_a:
+                for i in range(m):
+                    for p in range(k):
+                        apad[i * k + p] = abuf[offa[bi] + i * sam + p * sak]
+                a_buf, a_off, a_sm, a_sk = apad, 0, k, 1
+            if copy_b:
+                for p in range(k):
+                    for j in range(n):
+                        bcopy[p * ldb + j] = bbuf[offb[bi] + p * sbk + j * sbn]
+                b_buf, b_off, b_sk = bcopy, 0, ldb
+            _small_product(a_buf, a_off, a_sm, a_sk, b_buf, b_off, b_sk, outf, bi * m * n,
+                           m, n, k, ctile, bias, act, prm, cst)
+
+
+def _make_small(mr, nr, nn):
+    scope = dict(globals())
+    for width, key in ((nr, "_wide_tile"), (nn, "_narrow_tile")):
+        name, src = _small_tile_source(mr, width)
+        scope[key] = cpu_kernel(generated(src, name, _unsigned_scope(max(mr, width))))
+    scope.update(MR=mr, SNR=nr, SNN=nn)
+    scope["_small_product"] = register_jitable(
+        _bind(_small_product_t, scope, f"gemm_small_product_{mr}x{nr}"))
+    return cpu_kernel(_bind(_small_t, scope, f"gemm_small_{mr}x{nr}"), parallel=True)
+
+
+_SMALL = {}
+
+
+def small_driver(dtype):
+    """The parallel small-product driver for ``dtype``, built on first use."""
+    d = _SMALL.get(dtype)
+    if d is None:
+        d = _SMALL[dtype] = _make_small(*SMALL_TILES[dtype])
+    return d
+
+
 _DRIVERS = {}
 
 
@@ -333,7 +494,7 @@ def drivers(dtype):
 
 
 def gemm(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act, prm, cst,
-         MC=64, KC=256, NC=2048):
+         MC=64, KC=256, NC=2048, SMALL=SMALL_MAX):
     """``out[b] = epilogue(A_b @ B_b + bias)`` for every batch index b.
 
     ``abuf``/``bbuf`` are flat buffers of one dtype, A_b the m x k matrix at
@@ -341,7 +502,9 @@ def gemm(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act, pr
     ``offb[b]`` with strides (sbk, sbn); ``out`` is C-contiguous
     (batch, m, n); ``bias`` has n elements or none; ``act`` is an index
     into ``EPILOGUES``; ``prm``/``cst`` the activation's typed parameters
-    and constants. MC, KC, NC are the cache blocking sizes.
+    and constants. MC, KC, NC are the cache blocking sizes; products with
+    ``small_route(...)`` true (``SMALL`` bounds m, n and k; 0 turns the
+    route off) go to the non-packing small-product driver.
     """
     nbatch = out.shape[0]
     if out.size == 0:
@@ -349,9 +512,13 @@ def gemm(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act, pr
     if k == 0:
         _fill(out.reshape(-1), nbatch, m, n, bias, act, prm, cst)
         return out
-    tiles, batched, _ = drivers(out.dtype)
     # get_num_threads() is read here: inside a kernel it would make it uncacheable
     threads = get_num_threads()
+    if small_route(out.dtype, nbatch, m, n, k, SMALL, threads):
+        small_driver(out.dtype)(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out.reshape(-1),
+                                nbatch, m, n, k, bias, act, prm, cst, threads)
+        return out
+    tiles, batched, _ = drivers(out.dtype)
     many = nbatch >= TASKS_PER_THREAD * threads or (nbatch >= threads and m <= MC)
     run = batched if many else tiles
     run(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out.reshape(-1), nbatch, m, n, k,
