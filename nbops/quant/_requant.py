@@ -103,13 +103,12 @@ def saturating_rounding_doubling_high_mul(a, b):
     """gemmlowp's ``SaturatingRoundingDoublingHighMul`` on int32 values held
     in int64: ``(a * b + nudge) / 2**31`` truncated toward zero, where the
     nudge (2**30, or 1 - 2**30 for a negative product) makes it round half
-    away from zero."""
-    if a == INT32_MIN and b == INT32_MIN:
-        return INT32_MAX
+    away from zero; ``a == b == INT32_MIN`` saturates to INT32_MAX."""
     ab = a * b
-    t = ab + (1 << 30) if ab >= 0 else ab + (1 - (1 << 30))
-    # C's division truncates; an arithmetic shift floors: shift the magnitude
-    return t >> 31 if t >= 0 else -((-t) >> 31)
+    t = ab + ((1 << 30) if ab >= 0 else (1 - (1 << 30)))
+    # C's division truncates, an arithmetic shift floors: bias negative t
+    q = (t + (((1 << 31) - 1) if t < 0 else 0)) >> 31
+    return INT32_MAX if (a == INT32_MIN) & (b == INT32_MIN) else q
 
 
 def rounding_divide_by_pot(x, exponent):
@@ -124,21 +123,17 @@ def rounding_divide_by_pot(x, exponent):
 def requantize(acc, multiplier, shift, zero_point, qmin, qmax):
     """``clamp(MultiplyByQuantizedMultiplier(acc, M, shift) + zero_point,
     qmin, qmax)`` for one int32 accumulator (TFLite's fixed-point
-    requantization; see the module docstring)."""
+    requantization; see the module docstring). Written with selects only
+    (no branches), so that loops over it vectorize."""
     # int() is int64 in kernels and an unbounded int on the host: no int32
     # wraparound in the products below, whatever the arguments' widths
     x = int(acc)
-    multiplier = int(multiplier)
     shift = int(shift)
-    if shift > 0:
-        x = x << shift
-        x = INT32_MAX if x > INT32_MAX else (INT32_MIN if x < INT32_MIN else x)
-        right = 0
-    else:
-        right = -shift
-    v = rounding_divide_by_pot(saturating_rounding_doubling_high_mul(x, multiplier), right)
-    v = v + zero_point
-    return qmax if v > qmax else (qmin if v < qmin else v)
+    left = max(shift, 0)
+    x = min(max(x << left, INT32_MIN), INT32_MAX)
+    v = rounding_divide_by_pot(saturating_rounding_doubling_high_mul(x, int(multiplier)),
+                               max(-shift, 0))
+    return min(max(v + zero_point, qmin), qmax)
 
 
 def requantize_float(acc, scale, zero_point, qmin, qmax):

@@ -62,7 +62,7 @@ import numpy as np
 from llvmlite import ir
 from numba import get_num_threads, prange, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, register_jitable
 
 from .._jit import cpu_kernel
 from . import _requant
@@ -166,25 +166,39 @@ def _portable_micro_t(kq, abuf, aoff, bbuf, boff, cbuf):
 
 @cpu_kernel(parallel=True)
 def _pack_a_kernel(a, off, sam, sak, m, k, flip, apk, rowsum):
-    # a: uint8 view of the matrix (flat, element strides sam, sak);
-    # apk: uint8 [m/MR][kq][MR][4]; rowsum[r] = sum_k (a ^ flip)
+    # a: uint8 view of the matrix (flat, element strides sam, sak); apk: the
+    # int32 words [m/MR][kq][MR], each four consecutive k bytes (^ flip) of
+    # one row, little-endian; rowsum[r] = sum_k (a ^ flip). Rows are read
+    # through slices (no per-index wraparound tests) and combined with shifts
     kq = (k + 3) // 4
     nir = (m + MR - 1) // MR
     for ir in prange(nir):
         for i in range(MR):
             r = ir * MR + i
+            if r >= m:
+                for q in range(kq):
+                    apk[(ir * kq + q) * MR + i] = 0
+                continue
             s = 0
-            for q in range(kq):
-                base = ((ir * kq + q) * MR + i) * 4
-                for t in range(4):
-                    kk = 4 * q + t
-                    v = 0
-                    if r < m and kk < k:
-                        v = np.int64(a[off + r * sam + kk * sak]) ^ np.int64(flip)
-                    apk[base + t] = v
-                    s += v
-            if r < m:
-                rowsum[r] = s
+            base = off + r * sam
+            if sak == 1:
+                row = a[base:base + k]
+                for q in range(k // 4):
+                    x4 = row[4 * q:4 * q + 4]
+                    apk[(ir * kq + q) * MR + i] = (
+                        np.int32(x4[0] ^ flip) | (np.int32(x4[1] ^ flip) << 8)
+                        | (np.int32(x4[2] ^ flip) << 16) | (np.int32(x4[3] ^ flip) << 24))
+                for kk in range(k):
+                    s += np.int32(row[kk] ^ flip)
+            for q in range(k // 4 if sak == 1 else 0, kq):
+                w = 0
+                for t in range(min(4, k - 4 * q)):
+                    v = np.int32(a[base + (4 * q + t) * sak] ^ flip)
+                    w |= v << (8 * t)
+                    if sak != 1:
+                        s += v
+                apk[(ir * kq + q) * MR + i] = w
+            rowsum[r] = s
 
 
 @cpu_kernel(parallel=True)
@@ -224,47 +238,66 @@ def _pack_b_kernel(b, off, sbk, sbn, k, n, flip, bpk, colsum):
 
 
 @cpu_kernel(parallel=True)
-def _pack_im2col_kernel(x, sc, sh, sw, cg, hgt, wid, kh, kw, st_h, st_w, pad_h, pad_w,
-                        dil_h, dil_w, ow_n, npix, flip, padv, bpk, colsum):
-    # B[kk, p] of the implicit GEMM: kk = (c * kh + i) * kw + j over the
-    # group's input channels and kernel taps, p = oh * OW + ow the output
-    # pixel; packed as _pack_b_kernel packs (bytes x ^ flip, padding padv)
-    k = cg * kh * kw
+def _pack_rows_kernel(b, off, ldb, k, n, flip, bw, colsum):
+    # b: uint8 k x n matrix at ``off``, rows ``ldb`` elements apart, unit
+    # column stride. bw: the packed int32 words [n/NR][kq][NR], each the four
+    # bytes of rows 4q..4q+3 (^ flip) of one column, little-endian; built a
+    # row at a time with shifts and ORs, which vectorize over the columns
+    # (a byte-by-byte interleave does not)
     kq = (k + 3) // 4
-    njr = (npix + NR - 1) // NR
+    njr = (n + NR - 1) // NR
     for jr in prange(njr):
-        cs = np.zeros(NR, np.int64)
-        hs = np.empty(NR, np.int64)
-        ws = np.empty(NR, np.int64)
-        cols = min(NR, npix - jr * NR)
-        for j in range(NR):
-            p = jr * NR + j
-            oh = p // ow_n
-            hs[j] = oh * st_h - pad_h
-            ws[j] = (p - oh * ow_n) * st_w - pad_w
-        dst0 = jr * kq * NR * 4
+        cols = min(NR, n - jr * NR)
+        cs = np.zeros(NR, np.int32)
+        word = np.empty(NR, np.int32)
         for q in range(kq):
-            for t in range(4):
-                kk = 4 * q + t
-                c = kk // (kh * kw)
-                rem = kk - c * kh * kw
-                i = rem // kw
-                dh = i * dil_h
-                dw = (rem - i * kw) * dil_w
-                base = c * sc
-                for j in range(NR):
-                    v = 0
-                    if j < cols and kk < k:
-                        h = hs[j] + dh
-                        w = ws[j] + dw
-                        if 0 <= h < hgt and 0 <= w < wid:
-                            v = np.int64(x[base + h * sh + w * sw]) ^ np.int64(flip)
-                        else:
-                            v = np.int64(padv)
-                    bpk[dst0 + (q * NR + j) * 4 + t] = v
+            word[:] = 0
+            for t in range(min(4, k - 4 * q)):
+                src = off + (4 * q + t) * ldb + jr * NR
+                row = b[src:src + cols]  # slices: no wraparound tests per index
+                sh = 8 * t
+                for j in range(cols):
+                    v = np.int32(row[j] ^ flip)
+                    word[j] |= v << sh
                     cs[j] += v - ((v & 0x80) << 1)
+            dst = (jr * kq + q) * NR
+            bw[dst:dst + NR] = word
         for j in range(cols):
             colsum[jr * NR + j] = cs[j]
+
+
+@cpu_kernel(parallel=True)
+def _im2col_kernel(x, sc, sh, sw, cg, hgt, wid, kh, kw, st_h, st_w, pad_h, pad_w, dil_h,
+                   dil_w, oh_n, ow_n, padv, col):
+    # col[kk, oh * OW + ow] = x[c, oh*st - pad + i*dil, ow*st - pad + j*dil]
+    # (padv outside), kk = (c * kh + i) * kw + j: each output row is a pad
+    # prefix, a strided copy (contiguous for stride 1) and a pad suffix
+    k = cg * kh * kw
+    npix = oh_n * ow_n
+    for kk in prange(k):
+        c = kk // (kh * kw)
+        rem = kk - c * kh * kw
+        i = rem // kw
+        w0 = (rem - i * kw) * dil_w - pad_w
+        # valid ow: 0 <= ow * st_w + w0 < wid
+        lo = min(ow_n, max(0, (-w0 + st_w - 1) // st_w))
+        hi = min(ow_n, max(lo, (wid - w0 + st_w - 1) // st_w))
+        step = st_w * sw
+        for oh in range(oh_n):
+            h = oh * st_h - pad_h + i * dil_h
+            d0 = kk * npix + oh * ow_n
+            dst = col[d0:d0 + ow_n]  # slices: no wraparound tests per index
+            if h < 0 or h >= hgt:
+                dst[:] = padv
+            else:
+                dst[:lo] = padv
+                dst[hi:] = padv
+                src = c * sc + h * sh + (w0 + lo * st_w) * sw
+                if step == 1:
+                    dst[lo:hi] = x[src:src + hi - lo]
+                else:
+                    for ow in range(hi - lo):
+                        dst[lo + ow] = x[src + ow * step]
 
 
 def _words(nbytes):
@@ -278,10 +311,10 @@ def pack_a(a8, off, sam, sak, m, k, flip):
     ``sam``/``sak``; ``flip`` 0x80 for int8 data) for the micro-kernel:
     ``(apack int32 words, rowsum int32[m])``."""
     kq = (k + 3) // 4
-    words, bytes_ = _words(((m + MR - 1) // MR) * kq * MR * 4)
+    words = np.empty(((m + MR - 1) // MR) * kq * MR, np.int32)
     rowsum = np.empty(m, np.int32)
     if m and k:
-        _pack_a_kernel(a8, off, sam, sak, m, k, np.uint8(flip), bytes_, rowsum)
+        _pack_a_kernel(a8, off, sam, sak, m, k, np.uint8(flip), words, rowsum)
     else:
         words[:] = 0
         rowsum[:] = 0
@@ -295,7 +328,9 @@ def pack_b(b8, off, sbk, sbn, k, n, flip):
     kq = (k + 3) // 4
     words, bytes_ = _words(((n + NR - 1) // NR) * kq * NR * 4)
     colsum = np.empty(n, np.int32)
-    if n and k:
+    if n and k and sbn == 1:
+        _pack_rows_kernel(b8, off, sbk, k, n, np.uint8(flip), words, colsum)
+    elif n and k:
         _pack_b_kernel(b8, off, sbk, sbn, k, n, np.uint8(flip), bytes_, colsum)
     else:
         words[:] = 0
@@ -305,24 +340,32 @@ def pack_b(b8, off, sbk, sbn, k, n, flip):
 
 def pack_im2col(x8, sc, sh, sw, cg, hgt, wid, kh, kw, stride, padding, dilation, oh, ow,
                 flip, pad_value):
-    """Pack the implicit-GEMM operand of a convolution (one image, one group)
-    straight from the input: ``x8`` is a flat uint8 view starting at the
-    group's first channel, with element strides ``sc``/``sh``/``sw``;
-    positions in the padding read ``pad_value`` (the input's zero point).
+    """Pack the implicit-GEMM operand of a convolution (one image, one group):
+    ``x8`` is a flat uint8 view starting at the group's first channel, with
+    element strides ``sc``/``sh``/``sw``; positions in the padding read
+    ``pad_value`` (the input's zero point). The columns are unfolded into a
+    row-major (k, oh*ow) byte matrix first (skipped for 1x1, stride-1,
+    unpadded kernels, whose input already is that matrix), then packed.
     Returns ``(bpack, colsum)`` over k = cg*kh*kw rows and oh*ow columns."""
     k = cg * kh * kw
     n = oh * ow
     kq = (k + 3) // 4
-    words, bytes_ = _words(((n + NR - 1) // NR) * kq * NR * 4)
+    words = np.empty(((n + NR - 1) // NR) * kq * NR, np.int32)
     colsum = np.empty(n, np.int32)
-    if n and k:
-        _pack_im2col_kernel(x8, sc, sh, sw, cg, hgt, wid, kh, kw, stride[0], stride[1],
-                            padding[0], padding[1], dilation[0], dilation[1], ow, n,
-                            np.uint8(flip), np.uint8((pad_value ^ flip) & 0xFF), bytes_,
-                            colsum)
-    else:
+    if not (n and k):
         words[:] = 0
         colsum[:] = 0
+        return words, colsum
+    direct = (kh == kw == 1 and stride == (1, 1) and padding == (0, 0) and sw == 1
+              and sh == wid)
+    if direct:
+        col, ldc = x8, sc
+    else:
+        col, ldc = np.empty(k * n, np.uint8), n
+        _im2col_kernel(x8, sc, sh, sw, cg, hgt, wid, kh, kw, stride[0], stride[1],
+                       padding[0], padding[1], dilation[0], dilation[1], oh, ow,
+                       np.uint8(pad_value & 0xFF), col)
+    _pack_rows_kernel(col, 0, ldc, k, n, np.uint8(flip), words, colsum)
     return words, colsum
 
 
@@ -333,17 +376,37 @@ def pack_im2col(x8, sc, sh, sw, cg, hgt, wid, kh, kw, stride, padding, dilation,
 _micro = None
 
 
+@register_jitable
+def _tile_params(pi, pf, p0, pc, cols, bias, mult, shift, fscale, fbias):
+    # the tile's per-channel parameters copied to unit-stride rows (pi: bias,
+    # mult, shift; pf: fscale, fbias), so that the epilogue loops vectorize
+    # whether the parameters follow columns (pc = 1) or are one row's (pc = 0)
+    for j in range(cols):
+        p = p0 + j * pc
+        pi[0, j] = bias[p] if bias.size > 0 else 0
+        pi[1, j] = mult[p] if mult.size > 0 else 0
+        pi[2, j] = shift[p] if shift.size > 0 else 0
+        pf[0, j] = fscale[p] if fscale.size > 0 else 0.0
+        pf[1, j] = fbias[p] if fbias.size > 0 else 0.0
+
+
 def _epilogue_t(tile, r0, c0, m, n, k, rowsum, za, colsum, zb, oi, ob, of, ldo, mode, bias,
-                mult, shift, ozp, qmin, qmax, fscale, fbias, pr):
+                mult, shift, ozp, qmin, qmax, fscale, fbias, pr, pi, pf):
     # pr: per-channel parameters (bias, mult, shift, fscale, fbias) are
     # indexed by row (1: conv, whose rows are output channels) or column (0)
     rows = min(MR, m - r0)
     cols = min(NR, n - c0)
-    has_bias = bias.size > 0
-    has_fbias = fbias.size > 0
-    pc = 1 - pr
+    if not pr:
+        _tile_params(pi, pf, c0, 1, cols, bias, mult, shift, fscale, fbias)
+    tb = pi[0]
+    tm = pi[1]
+    ts = pi[2]
+    tf = pf[0]
+    tfb = pf[1]
     for i in range(rows):
         r = r0 + i
+        if pr:
+            _tile_params(pi, pf, r, 0, cols, bias, mult, shift, fscale, fbias)
         ra = np.int64(rowsum[r])
         zr = np.int64(za[r])
         kz = k * zr
@@ -351,39 +414,25 @@ def _epilogue_t(tile, r0, c0, m, n, k, rowsum, za, colsum, zb, oi, ob, of, ldo, 
         zbs = zb[c0:c0 + cols]
         css = colsum[c0:c0 + cols]
         o0 = r * ldo + c0
-        p0 = r * pr + c0 * pc
         if mode == 0:
             orow = oi[o0:o0 + cols]
             for j in range(cols):
-                v = trow[j] - zbs[j] * ra - zr * css[j] + kz * zbs[j]
-                if has_bias:
-                    v += bias[p0 + j * pc]
-                orow[j] = v
+                orow[j] = trow[j] - zbs[j] * ra - zr * css[j] + kz * zbs[j] + tb[j]
         elif mode == 1:
             orow = ob[o0:o0 + cols]
             for j in range(cols):
-                v = trow[j] - zbs[j] * ra - zr * css[j] + kz * zbs[j]
-                if has_bias:
-                    v += bias[p0 + j * pc]
-                orow[j] = _requant.requantize(v, mult[p0 + j * pc], shift[p0 + j * pc], ozp,
-                                              qmin, qmax)
+                v = trow[j] - zbs[j] * ra - zr * css[j] + kz * zbs[j] + tb[j]
+                orow[j] = _requant.requantize(v, tm[j], ts[j], ozp, qmin, qmax)
         elif mode == 2:
             orow = ob[o0:o0 + cols]
             for j in range(cols):
-                v = trow[j] - zbs[j] * ra - zr * css[j] + kz * zbs[j]
-                if has_bias:
-                    v += bias[p0 + j * pc]
-                orow[j] = _requant.requantize_float(v, fscale[p0 + j * pc], ozp, qmin, qmax)
+                v = trow[j] - zbs[j] * ra - zr * css[j] + kz * zbs[j] + tb[j]
+                orow[j] = _requant.requantize_float(v, tf[j], ozp, qmin, qmax)
         else:
             orow = of[o0:o0 + cols]
             for j in range(cols):
-                v = trow[j] - zbs[j] * ra - zr * css[j] + kz * zbs[j]
-                if has_bias:
-                    v += bias[p0 + j * pc]
-                f = np.float32(np.int32(v)) * np.float32(fscale[p0 + j * pc])
-                if has_fbias:
-                    f += fbias[p0 + j * pc]
-                orow[j] = f
+                v = trow[j] - zbs[j] * ra - zr * css[j] + kz * zbs[j] + tb[j]
+                orow[j] = np.float32(np.int32(v)) * np.float32(tf[j]) + np.float32(tfb[j])
 
 
 def _gemm_t(apk, rowsum, za, bpk, colsum, zb, m, n, k, oi, ob, of, ldo, mode, bias, mult, shift,
@@ -397,6 +446,8 @@ def _gemm_t(apk, rowsum, za, bpk, colsum, zb, m, n, k, oi, ob, of, ldo, mode, bi
     per = (njr + nj - 1) // nj
     for t in prange(nmc * nj):
         tile = np.empty(MR * NR, np.int32)
+        pi = np.empty((3, NR), np.int64)
+        pf = np.empty((2, NR), np.float64)
         ir0 = (t // nj) * per_mc
         ir1 = min(nir, ir0 + per_mc)
         jr0 = (t % nj) * per
@@ -405,13 +456,12 @@ def _gemm_t(apk, rowsum, za, bpk, colsum, zb, m, n, k, oi, ob, of, ldo, mode, bi
             for ir in range(ir0, ir1):
                 _micro(kq, apk, ir * kq * MR, bpk, jr * kq * NR, tile)
                 _epilogue(tile, ir * MR, jr * NR, m, n, k, rowsum, za, colsum, zb, oi, ob, of,
-                          ldo, mode, bias, mult, shift, ozp, qmin, qmax, fscale, fbias, pr)
+                          ldo, mode, bias, mult, shift, ozp, qmin, qmax, fscale, fbias, pr,
+                          pi, pf)
 
 
 def _make_driver(kind):
     import types as pytypes
-
-    from numba.extending import register_jitable
 
     scope = dict(globals())
     if kind == "vnni":
