@@ -672,6 +672,8 @@ def test_static_quantization_of_an_mlp():
     assert np.abs(got - want).max() < 4 * step
     with pytest.raises(TypeError, match="QTensor"):
         qmodel(Q.quantize_per_tensor(x, 0.1, 0, np.uint8))
+    with pytest.raises(TypeError, match="run on the CPU"):
+        qmodel(nbops.to_device(x))
 
 
 @pytest.mark.parametrize("call, err, match", [

@@ -7,14 +7,12 @@ pooling kernels run one thread per output element. The small parameter
 arrays (per-channel scales, per-window multipliers) are copied to the
 device by the launchers. The fixed-point requantization is the scalar code
 of :mod:`nbops.quant._requant` compiled as device functions, so both
-devices agree bit for bit. Rounding half to even uses ``_rint`` below
-(floor and an exact fractional part) rather than a libdevice call, which
-the simulator lacks. The float path of ``add`` may be contracted to an FMA
+devices agree bit for bit. Rounding half to even is Python's ``round``,
+which Numba lowers to libdevice's ``llrint`` on the GPU (and the simulator
+runs as Python's). The float path of ``add`` may be contracted to an FMA
 by NVVM, which can move an exact tie by one unit against the CPU (the fixed
 path is exact on both).
 """
-
-import math
 
 from numba import cuda
 
@@ -83,16 +81,6 @@ def adaptive_avg_pool2d(x, out, zi, zo, qmin, qmax, mult, shift, fscale, fixed):
 # --- kernels --------------------------------------------------------------------
 
 
-@cuda.jit(device=True)
-def _rint(v):
-    """Round half to even (``v`` finite)."""
-    f = math.floor(v)
-    d = v - f  # exact: f and v are within one unit of each other
-    if d > 0.5 or (d == 0.5 and f - 2.0 * math.floor(f * 0.5) != 0.0):
-        return f + 1.0
-    return f
-
-
 @cuda.jit
 def _quantize(x, scales, zps, qmin, qmax, out, inner):
     channels = scales.size
@@ -102,9 +90,9 @@ def _quantize(x, scales, zps, qmin, qmax, out, inner):
         if v != v:
             out[i] = zps[c]
         else:
-            # saturates the same way (|q - zp| <= 383) and keeps _rint finite
+            # saturates the same way (|q - zp| <= 383) and keeps round() finite
             v = -512.0 if v < -512.0 else (512.0 if v > 512.0 else v)
-            r = _rint(v) + zps[c]
+            r = round(v) + zps[c]  # llrint: half to even, as Python's round
             out[i] = qmin if r < qmin else (qmax if r > qmax else r)
 
 
@@ -128,7 +116,7 @@ def _add(a, b, out, ip, fp, fixed):
                                    INT32_MAX))
             out[i] = _requantize(total, ip[9], ip[10], zo, lo, hi)
         else:
-            r = _rint(da * fp[0] + db * fp[1]) + zo
+            r = round(da * fp[0] + db * fp[1]) + zo
             out[i] = lo if r < lo else (hi if r > hi else r)
 
 

@@ -434,6 +434,9 @@ def _float_data(who, x):
         raise TypeError(f"{who}: expected a float array, got a QTensor (the model quantizes "
                         "its input itself; pass x.dequantize())")
     data = getattr(x, "data", x) if getattr(x, "__nbops_tensor__", False) else x
+    if _dispatch.is_device_array(data):
+        raise TypeError(f"{who}: quantized models run on the CPU (their weights are packed "
+                        "for the CPU kernels); pass a NumPy array (nbops.to_host(x))")
     return data
 
 
