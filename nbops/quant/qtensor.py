@@ -234,16 +234,6 @@ class QTensor:
         q.values, q.scale, q.zero_point, q.axis = values, self.scale, self.zero_point, self.axis
         return q
 
-    def same_qparams(self, other):
-        """True if ``other`` is quantized with the same dtype, scheme and parameters."""
-        if not isinstance(other, QTensor) or other.dtype != self.dtype \
-                or other.axis != self.axis:
-            return False
-        if self.axis is None:
-            return self.scale == other.scale and self.zero_point == other.zero_point
-        return (np.array_equal(self.scale, other.scale)
-                and np.array_equal(self.zero_point, other.zero_point))
-
 
 def _short(a):
     a = np.asarray(a)
