@@ -283,6 +283,17 @@ def test_large_inputs_run_the_parallel_kernels():
     want = (g - g.mean((0, 2), keepdims=True) - xh * (g * xh).mean((0, 2), keepdims=True)) \
         / np.sqrt(x.var((0, 2), keepdims=True) + 1e-5)
     np.testing.assert_allclose(xt.grad, want, atol=1e-10)
+    x = _rand(rng, (2000, 20), loc=3.0)  # 2-D: the column kernels
+    rm, rv = np.zeros(20), np.ones(20)
+    want, want_rm, want_rv = ref_batch_norm(x, rm.copy(), rv.copy(), None, None, True, 0.1, 1e-5)
+    np.testing.assert_allclose(nbops.batch_norm(x, rm, rv, training=True), want, atol=1e-11)
+    np.testing.assert_allclose(rv, want_rv, rtol=1e-12)
+    xt = Tensor(x, requires_grad=True)
+    g = _rand(rng, x.shape)
+    nbops.batch_norm(xt, None, None, training=True).backward(g)
+    xh = (x - x.mean(0)) / np.sqrt(x.var(0) + 1e-5)
+    want = (g - g.mean(0) - xh * (g * xh).mean(0)) / np.sqrt(x.var(0) + 1e-5)
+    np.testing.assert_allclose(xt.grad, want, atol=1e-10)
 
 
 def test_empty_inputs():

@@ -10,9 +10,10 @@ Two families, each one parametrised kernel set:
   the same kernel with ``centered`` False (mean taken as 0, no mean term in
   the gradient). Sums run in blocks of SUM_BLOCK elements in x's dtype
   (full-width vectors) whose totals accumulate in float64.
-* **channels** (batch norm): ``x`` as a C-contiguous (n, c, s) array (s = 1
-  for 2-D input, L for 3-D, H*W for 4-D). Batch statistics come in one read
-  of ``x``: every (sample range, channel) block computes the mean and
+* **channels** (batch norm): ``x`` as a C-contiguous (n, c, s) array (L
+  for 3-D input, H*W for 4-D; 2-D input, s = 1, has its own **columns**
+  kernels, rows outer and the channel loop innermost, vectorized across
+  channels). Batch statistics come in one read of ``x``: every (sample range, channel) block computes the mean and
   squared deviation of each of its (n, c) planes by two passes over the
   plane in cache and folds them into a running (count, mean, M2) with
   Chan's parallel-variance merge; the blocks' partials are then merged the
@@ -201,6 +202,14 @@ def _splits(n, c, s):
     return max(1, min(n, want, max(1, n * s // MIN_BLOCK)))
 
 
+def _column_splits(n, c):
+    """Row blocks of a 2-D (n, c) batch norm's reductions: about 64K
+    elements each (in L2 for the second pass), at least two per thread."""
+    if n * c < SERIAL_BELOW:
+        return 1
+    return max(1, min(n, max(2 * numba.get_num_threads(), n * c // (1 << 16))))
+
+
 def batch_norm_stats(x, eps, mean, invstd, running_mean, running_var, momentum, update):
     """Batch mean and ``1 / sqrt(var + eps)`` (biased variance) per channel of
     an (n, c, s) ``x``; when ``update``, also ``running = (1 - momentum) *
@@ -208,7 +217,10 @@ def batch_norm_stats(x, eps, mean, invstd, running_mean, running_var, momentum, 
     n, c, s = x.shape
     m64 = np.empty(c)
     v64 = np.empty(c)
-    _pick(_channel_stats, x.size)(x, _splits(n, c, s), m64, v64)
+    if s == 1:
+        _pick(_column_stats, x.size)(x.reshape(n, c), _column_splits(n, c), m64, v64)
+    else:
+        _pick(_channel_stats, x.size)(x, _splits(n, c, s), m64, v64)
     _finish_stats(x, m64, v64, eps, mean, invstd, running_mean, running_var, momentum, update)
 
 
@@ -240,7 +252,12 @@ def batch_norm_invstd(var, eps, invstd):
 def batch_norm_forward(x, mean, invstd, weight, bias, out):
     """``out = (x - mean[c]) * invstd[c] * weight[c] + bias[c]``, (n, c, s)."""
     if x.size:
-        _pick(_channel_affine, x.size)(x, mean, (invstd * weight).astype(x.dtype), bias, out)
+        scale = (invstd * weight).astype(x.dtype)
+        if x.shape[2] == 1:
+            n, c = x.shape[:2]
+            _pick(_column_affine, x.size)(x.reshape(n, c), mean, scale, bias, out.reshape(n, c))
+        else:
+            _pick(_channel_affine, x.size)(x, mean, scale, bias, out)
     return out
 
 
@@ -258,7 +275,11 @@ def batch_norm_backward(x, g, mean, invstd, weight, training, dx, dweight, dbias
         return dx
     sg = np.empty(c)
     sgx = np.empty(c)
-    _pick(_channel_grad_sums, x.size)(x, g, mean, _splits(n, c, s), sg, sgx)
+    if s == 1:
+        _pick(_column_grad_sums, x.size)(x.reshape(n, c), g.reshape(n, c), mean,
+                                         _column_splits(n, c), sg, sgx)
+    else:
+        _pick(_channel_grad_sums, x.size)(x, g, mean, _splits(n, c, s), sg, sgx)
     inv = invstd.astype(np.float64)
     w = weight.astype(np.float64)
     alpha = w * inv
@@ -272,7 +293,11 @@ def batch_norm_backward(x, g, mean, invstd, weight, training, dx, dweight, dbias
     dweight[:] = sgx * inv
     dbias[:] = sg
     t = x.dtype
-    _pick(_channel_dx, x.size)(x, g, mean, alpha.astype(t), beta.astype(t), gamma.astype(t), dx)
+    coefs = (mean, alpha.astype(t), beta.astype(t), gamma.astype(t))
+    if s == 1:
+        _pick(_column_dx, x.size)(x.reshape(n, c), g.reshape(n, c), *coefs, dx.reshape(n, c))
+    else:
+        _pick(_channel_dx, x.size)(x, g, *coefs, dx)
     return dx
 
 
@@ -384,3 +409,84 @@ def _channel_dx(x, g, mean, alpha, beta, gamma, dx):
         dp = dx[i, ch]
         for j in range(s):
             dp[j] = gp[j] * a + (xp[j] - m) * b + e
+
+
+# 2-D input (n, c): channels are the contiguous axis, so the loops run over
+# rows with the channel loop innermost (vectorized across channels)
+
+
+@_twins(FASTMATH_REDUCE)
+def _column_stats(x, nsplit, mean, var):
+    n, c = x.shape
+    mu = np.zeros((nsplit, c))
+    m2 = np.zeros((nsplit, c))
+    cnt = np.empty(nsplit)
+    for k in prange(nsplit):
+        r0 = k * n // nsplit
+        r1 = (k + 1) * n // nsplit
+        bm = mu[k]
+        bq = m2[k]
+        for i in range(r0, r1):
+            xi = x[i]
+            for ch in range(c):
+                bm[ch] += xi[ch]
+        for ch in range(c):
+            bm[ch] /= r1 - r0
+        for i in range(r0, r1):  # the block is still in cache
+            xi = x[i]
+            for ch in range(c):
+                e = xi[ch] - bm[ch]
+                bq[ch] += e * e
+        cnt[k] = r1 - r0
+    for ch in range(c):
+        bc = 0.0
+        bm_ = 0.0
+        bq_ = 0.0
+        for k in range(nsplit):
+            bc, bm_, bq_ = _chan_merge(bc, bm_, bq_, cnt[k], mu[k, ch], m2[k, ch])
+        mean[ch] = bm_
+        var[ch] = bq_ / bc
+
+
+@_twins(FASTMATH)
+def _column_affine(x, mean, scale, bias, out):
+    n, c = x.shape
+    for i in prange(n):
+        xi = x[i]
+        oi = out[i]
+        for ch in range(c):
+            oi[ch] = (xi[ch] - mean[ch]) * scale[ch] + bias[ch]
+
+
+@_twins(FASTMATH_REDUCE)
+def _column_grad_sums(x, g, mean, nsplit, sg, sgx):
+    n, c = x.shape
+    pg = np.zeros((nsplit, c))
+    pgx = np.zeros((nsplit, c))
+    for k in prange(nsplit):
+        a = pg[k]
+        b = pgx[k]
+        for i in range(k * n // nsplit, (k + 1) * n // nsplit):
+            xi = x[i]
+            gi = g[i]
+            for ch in range(c):
+                a[ch] += gi[ch]
+                b[ch] += gi[ch] * (xi[ch] - mean[ch])
+    for ch in range(c):
+        sg[ch] = 0.0
+        sgx[ch] = 0.0
+    for k in range(nsplit):
+        for ch in range(c):
+            sg[ch] += pg[k, ch]
+            sgx[ch] += pgx[k, ch]
+
+
+@_twins(FASTMATH)
+def _column_dx(x, g, mean, alpha, beta, gamma, dx):
+    n, c = x.shape
+    for i in prange(n):
+        xi = x[i]
+        gi = g[i]
+        di = dx[i]
+        for ch in range(c):
+            di[ch] = gi[ch] * alpha[ch] + (xi[ch] - mean[ch]) * beta[ch] + gamma[ch]
