@@ -18,9 +18,10 @@ float64 sums (layer norm) or a Welford accumulator (batch norm), merged in
 a shared-memory tree (Chan's formula for Welford states). The
 normalisation itself runs in the input's dtype: the mean rounded to it
 moves float32 outputs by at most half an ulp of the mean over the
-standard deviation, the size of the input's own rounding. Kernels: ``nbops/cpu/normalization.py`` and
-``nbops/cuda/normalization.py``. Backward rules are attached for autograd
-(training-mode batch norm differentiates through the batch statistics).
+standard deviation, the size of the input's own rounding. Kernels:
+``nbops/cpu/normalization.py`` and ``nbops/cuda/normalization.py``.
+Backward rules are attached for autograd (training-mode batch norm
+differentiates through the batch statistics).
 """
 
 import numbers

@@ -4,21 +4,22 @@ Two families, each one parametrised kernel set:
 
 * **rows** (layer norm, RMS norm): ``x`` as a C-contiguous (rows, d)
   matrix, one row per ``prange`` item. A row (3 KiB at d = 768 float32)
-  stays in L1 while it is read three times: the sum, the sum of squared
-  deviations from that mean (two passes: exact for any offset, unlike
+  stays in L1 while it is read three times: a first mean, the deviations
+  from it (their sum corrects the mean, their squares give the variance:
+  the corrected two-pass algorithm, exact for any offset, unlike
   ``E[x^2] - E[x]^2``), and the normalised write in x's dtype. RMS norm is
   the same kernel with ``centered`` False (mean taken as 0, no mean term in
   the gradient). Sums run in blocks of SUM_BLOCK elements in x's dtype
   (full-width vectors) whose totals accumulate in float64.
 * **channels** (batch norm): ``x`` as a C-contiguous (n, c, s) array (L
-  for 3-D input, H*W for 4-D; 2-D input, s = 1, has its own **columns**
-  kernels, rows outer and the channel loop innermost, vectorized across
-  channels). Batch statistics come in one read of ``x``: every (sample range, channel) block computes the mean and
-  squared deviation of each of its (n, c) planes by two passes over the
-  plane in cache and folds them into a running (count, mean, M2) with
-  Chan's parallel-variance merge; the blocks' partials are then merged the
-  same way per channel. Normalisation and the gradient are per-plane loops
-  with per-channel coefficients.
+  for 3-D input, H*W for 4-D). Every (sample range, channel) block takes
+  each of its (sample, channel) planes' mean and M2 as a row above, in
+  cache, and folds them into a running (count, mean, M2) with Chan's
+  parallel-variance merge; the blocks' partials are then merged the same
+  way per channel. Normalisation and the gradient are per-plane loops with
+  per-channel coefficients. 2-D input (s = 1) has **column** kernels:
+  rows outer, the channel loop innermost (vectorized across channels),
+  two passes per block of rows while the block is in cache.
 
 Entry points take preallocated outputs and return nothing interesting;
 weights and biases always come as arrays (ones and zeros stand in for
