@@ -610,6 +610,9 @@ def test_adaptive_avg_pool2d(device, output_size):
     (lambda q: Q.global_avg_pool2d(q, scale=-1.0), ValueError, "'scale'"),
     (lambda q: Q.global_avg_pool2d(Q.QTensor(np.zeros((1, 1, 0, 2), np.int8), 1.0, 0)),
      ValueError, "nothing to average"),
+    # 2**23 elements of 8 bits could overflow the int32 sum: refused before any kernel runs
+    (lambda q: Q.global_avg_pool2d(Q.QTensor(np.zeros((1, 1, 2048, 4096), np.uint8), 1.0, 0)),
+     ValueError, "overflow the int32 sum"),
 ])
 def test_pool_errors(call, err, match):
     q = Q.QTensor(np.zeros((1, 2, 4, 4), np.int8), 0.1, 0)

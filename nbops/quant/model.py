@@ -47,6 +47,7 @@ class QConfig:
 
     Example
     -------
+    >>> from nbops.quant import MinMaxObserver, PerChannelMinMaxObserver, QConfig
     >>> qc = QConfig(activation=lambda: MinMaxObserver(dtype=np.uint8),
     ...              weight=lambda: PerChannelMinMaxObserver(dtype=np.int8))
     """

@@ -141,7 +141,7 @@ class MinMaxObserver(_Observer):
 
     Example
     -------
-    >>> obs = MinMaxObserver(dtype=np.uint8)
+    >>> obs = nbops.quant.MinMaxObserver(dtype=np.uint8)
     >>> _ = obs(np.array([-1.0, 3.0], np.float32))
     >>> obs.calculate_qparams()
     (0.01568627543747425, 64)
@@ -172,7 +172,7 @@ class MovingAverageMinMaxObserver(MinMaxObserver):
 
     Example
     -------
-    >>> obs = MovingAverageMinMaxObserver(averaging_constant=0.5)
+    >>> obs = nbops.quant.MovingAverageMinMaxObserver(averaging_constant=0.5)
     >>> for b in (np.array([0.0, 2.0]), np.array([0.0, 4.0])):
     ...     _ = obs(b)
     >>> float(obs.max_val)
@@ -217,10 +217,10 @@ class PerChannelMinMaxObserver(_Observer):
 
     Example
     -------
-    >>> obs = PerChannelMinMaxObserver(dtype=np.int8)
+    >>> obs = nbops.quant.PerChannelMinMaxObserver(dtype=np.int8)
     >>> _ = obs(np.array([[1.0, -0.5], [0.0, 2.54]], np.float32))
     >>> obs.calculate_qparams()
-    (array([0.00787402, 0.02      ], dtype=float32), array([0, 0], dtype=int32))
+    (array([0.00784314, 0.01992157], dtype=float32), array([0, 0], dtype=int32))
     """
 
     _schemes = ("per_channel_affine", "per_channel_symmetric")
@@ -291,10 +291,10 @@ class HistogramObserver(_Observer):
     Example
     -------
     >>> rng = np.random.default_rng(0)
-    >>> obs = HistogramObserver()
+    >>> obs = nbops.quant.HistogramObserver()
     >>> x = np.concatenate([rng.normal(size=1_000_000), [40.0]]).astype(np.float32)
     >>> _ = obs(x)
-    >>> mm = MinMaxObserver()
+    >>> mm = nbops.quant.MinMaxObserver()
     >>> _ = mm(x)
     >>> obs.calculate_qparams()[0] < mm.calculate_qparams()[0]   # the outlier is clipped
     True
