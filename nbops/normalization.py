@@ -24,6 +24,7 @@ Backward rules are attached for autograd (training-mode batch norm
 differentiates through the batch statistics).
 """
 
+import math
 import numbers
 
 import numpy as np
@@ -131,7 +132,7 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
                          f"(N, C, H, W), got shape {tuple(x.shape)}")
     shape = tuple(x.shape)
     n, c = shape[0], shape[1]
-    s = int(np.prod(shape[2:])) if x.ndim > 2 else 1
+    s = math.prod(shape[2:]) if x.ndim > 2 else 1
     for name, a in (("running_mean", running_mean), ("running_var", running_var),
                     ("weight", weight), ("bias", bias)):
         if a is not None and tuple(a.shape) != (c,):
@@ -348,8 +349,8 @@ def _check_rows(op, x, normalized_shape, weight, bias, eps, out):
         if a is not None and tuple(a.shape) != ns:
             raise ValueError(f"{op}: argument '{name}' must have shape normalized_shape = {ns}, "
                              f"got {tuple(a.shape)}")
-    d = int(np.prod(ns))
-    rows = int(np.prod(shape[:len(shape) - len(ns)]))
+    d = math.prod(ns)
+    rows = math.prod(shape[:len(shape) - len(ns)])
     return rows, d, dev
 
 
@@ -370,8 +371,8 @@ def _rows_grads(x, grad, normalized_shape, weight, eps, centered):
     """``(dx, dweight, dbias)`` of layer norm (``centered``) or RMS norm."""
     dev = _dispatch.device_of_array(x)
     ns = _normalized_shape("layer_norm", normalized_shape)
-    d = int(np.prod(ns))
-    rows = int(np.prod(tuple(x.shape))) // d if d else 0
+    d = math.prod(ns)
+    rows = math.prod(tuple(x.shape)) // d if d else 0
     dx = _checks.empty(tuple(x.shape), x.dtype, dev)
     dw = _checks.empty(ns, x.dtype, dev)
     db = _checks.empty(ns, x.dtype, dev)
@@ -402,7 +403,7 @@ def _batch_norm_rule(ctx, grad):
     dev = _dispatch.device_of_array(x)
     shape = tuple(x.shape)
     n, c = shape[0], shape[1]
-    s = int(np.prod(shape[2:])) if len(shape) > 2 else 1
+    s = math.prod(shape[2:]) if len(shape) > 2 else 1
     dx = _checks.empty(shape, x.dtype, dev)
     dw = _checks.empty((c,), x.dtype, dev)
     db = _checks.empty((c,), x.dtype, dev)
