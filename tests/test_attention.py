@@ -358,3 +358,13 @@ def test_transformer_encoder_layer(norm_first, activation):
     assert names == set(layer.state_dict())
     tx = Tensor(x[:1, :3], requires_grad=True)
     assert gradcheck(lambda t: layer(t), [tx])
+
+
+def test_transformer_example_trains(capsys):
+    import runpy
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "transformer.py"
+    before, after, _ = runpy.run_path(str(path))["main"](["--steps", "3", "--batch", "8"])
+    assert after < before
+    assert "transformer: 3 steps on cpu" in capsys.readouterr().out
