@@ -1,12 +1,17 @@
-"""Benchmark cases of quantize / dequantize (``nbops.quant``) against the
-NumPy a user would write, ``np.clip(np.rint(x / s) + zp, 0, 255)`` and
-``(q - zp) * s`` with in-place ufuncs into a pre-allocated output, and
-against a parallel copy's bandwidth (the ``copy`` column: quantize moves 5
-bytes per float32 element, dequantize 5). Both are memory-bound single
-passes; the int8 GEMM family has its own cases in :mod:`nbops.bench.quant`.
+"""Benchmark cases of the elementwise quantized operators (``nbops.quant``)
+against the NumPy a user would write, with in-place ufuncs into a
+pre-allocated output, and against a parallel copy's bandwidth:
 
-Results are integers (quantize) or exact products (dequantize), so the
-reference is the ONNX formula in float32 and the tolerance is zero.
+* quantize, ``np.clip(np.rint(x / s) + zp, 0, 255)`` (5 bytes per element);
+* dequantize, ``(q - zp) * s`` (5 bytes per element);
+* add of two uint8 tensors requantized to a third scale, the float formula
+  ``clip(rint((a - za) * sa / so + (b - zb) * sb / so) + zo)`` in NumPy
+  (3 bytes per element), nbops with ``requant="float"`` (the same formula,
+  exact) and ``"fixed"`` (TFLite's integer-only formula: within one step).
+
+The int8 GEMM family has its own cases in :mod:`nbops.bench.quant`.
+Quantize and dequantize results are integers or exact products, so their
+reference is the ONNX formula in float32 and the tolerance zero.
 """
 
 import numpy as np
@@ -62,6 +67,41 @@ def _dequantize_ref(q):
     return (q.astype(np.float32) - ZERO_POINT) * np.float32(SCALE)
 
 
+ADD_A, ADD_B, ADD_OUT = (0.037, 120), (0.0113, 130), (0.05, 128)
+
+
+def _ab(n, dtype, rng):
+    return (rng.integers(0, 256, n, dtype=np.uint8), rng.integers(0, 256, n, dtype=np.uint8))
+
+
+def _add(requant):
+    def run(a, b, out):
+        from nbops import quant
+
+        qa, qb = quant.QTensor(a, *ADD_A), quant.QTensor(b, *ADD_B)
+        return quant.add(qa, qb, *ADD_OUT, requant=requant).values
+
+    return run
+
+
+def _add_numpy(a, b, out):
+    v = (a.astype(np.float64) - ADD_A[1]) * (ADD_A[0] / ADD_OUT[0])
+    v += (b.astype(np.float64) - ADD_B[1]) * (ADD_B[0] / ADD_OUT[0])
+    np.rint(v, out=v)
+    v += ADD_OUT[1]
+    np.clip(v, 0, 255, out=v)
+    np.copyto(out, v, casting="unsafe")
+    return out
+
+
+def _add_ref(a, b):
+    out = np.empty(a.shape, np.uint8)
+    return _add_numpy(a.astype(np.uint8), b.astype(np.uint8), out)
+
+
+_ADD_OUT = dict(out_like=lambda inputs: (inputs[0].shape, np.uint8), dtypes=(F32,),
+                reference=_add_ref, baseline_name="numpy float formula")
+
 CASES = [
     Case("quantize_per_tensor", _x, _quantize, _quantize_numpy, reference=_quantize_ref,
          out_like=lambda inputs: (inputs[0].shape, np.uint8), dtypes=(F32,), tol=(0.0, 0.0),
@@ -69,4 +109,7 @@ CASES = [
     Case("dequantize", _q, _dequantize, _dequantize_numpy, reference=_dequantize_ref,
          out_like=lambda inputs: (inputs[0].shape, F32), dtypes=(F32,), tol=(0.0, 0.0),
          baseline_name="numpy (q-zp)*s"),
+    Case("quant_add_float", _ab, _add("float"), _add_numpy, tol=(0.0, 0.0), **_ADD_OUT),
+    # one step (1 / (1 + |ref|) <= 1 in max_error's measure) allowed to the fixed point
+    Case("quant_add_fixed", _ab, _add("fixed"), _add_numpy, tol=(1.0, 1.0), **_ADD_OUT),
 ]
