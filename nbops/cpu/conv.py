@@ -46,6 +46,11 @@ CPU_ONLY = ()
 #: Tasks per thread the implicit GEMM aims for (load balance vs. re-packing).
 TASKS_PER_THREAD = 2
 
+#: Inner loops index with unsigned integers: Numba guards signed indices
+#: against negative values element by element, and with that guard LLVM
+#: left the loops scalar (read in the assembly: vfmadd231ss, no zmm).
+U = np.uint64
+
 
 def conv2d(x, w, wscale, bias, out, geo, act, algo="igemm", NC=256, KC=256):
     """``out = act(conv(x, w * wscale) + bias)`` (shapes in the module
@@ -125,15 +130,15 @@ def _epilogue_rows(of, coff, ld, rows, cols, bias, row0, act, zero):
     """``act(C + bias[row])`` over a rows x cols tile of C at ``coff``."""
     has_bias = bias.size > 0
     for i in range(rows):
-        row = of[coff + i * ld:coff + i * ld + cols]
+        r0 = U(coff + i * ld)
         b = bias[row0 + i] if has_bias else zero
         if act == 1:
-            for j in range(cols):
-                v = row[j] + b
-                row[j] = v if not v < zero else zero
+            for j in range(U(cols)):
+                v = of[r0 + j] + b
+                of[r0 + j] = v if not v < zero else zero
         elif has_bias:
-            for j in range(cols):
-                row[j] += b
+            for j in range(U(cols)):
+                of[r0 + j] += b
 
 
 @register_jitable
@@ -151,53 +156,72 @@ MR = NR = 0
 _micro = _pack_cols = None
 
 
-def _pack_cols_t(xf, xoff, geo, pc, kc, jc, nc, bpack, zero):
+def _pack_cols_t(xf, xoff, geo, pc, kc, jc, nc, bpack, line, zero):
     # bpack[jr, p, j] = col[pc + p, jc + jr*NR + j] of one image and group,
-    # read from the input (zero where the window hangs over the padding)
+    # read from the input (zero where the window hangs over the padding).
+    # Each k row is first gathered into ``line`` as runs of input rows in
+    # address order (long unit-stride loops: vector copies, prefetcher
+    # friendly), then dealt out to the slivers in fixed NR-wide copies.
+    # Writing the slivers straight from the runs cut them into pieces of
+    # variable length at sliver edges, which did not vectorize (4x slower).
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
     kk_ = KH * KW
-    for jr in range((nc + NR - 1) // NR):
-        c0 = jc + jr * NR
-        cols = min(NR, nc - jr * NR)
-        oh0 = c0 // OW
-        ow0 = c0 - oh0 * OW
-        sliver = bpack[jr]
+    oh0 = jc // OW
+    ow0 = jc - oh0 * OW
+    nnr = (nc + NR - 1) // NR
+    if kk_ == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0:
+        # 1x1, stride 1, no padding: k row p is channel pc + p, and the
+        # block's pixels are one contiguous run of it
         for p in range(kc):
-            k = pc + p
-            ci = k // kk_
-            r = k - ci * kk_
-            kh = r // KW
-            kw = r - kh * KW
-            base = xoff + ci * H * W
-            row = sliver[p]
-            j = 0
-            oh = oh0
-            ow = ow0
-            while j < cols:
-                seg = min(cols - j, OW - ow)
-                ih = oh * sh - ph + kh * dh
-                if ih < 0 or ih >= H:
-                    for t in range(seg):
-                        row[j + t] = zero
+            src = xoff + (pc + p) * H * W + jc
+            for jr in range(nc // NR):
+                s0 = U(src + jr * NR)
+                for i in range(U(NR)):
+                    bpack[jr, p, i] = xf[s0 + i]
+            for t in range((nc // NR) * NR, nnr * NR):
+                bpack[t // NR, p, t % NR] = xf[src + t] if t < nc else zero
+        return
+    for p in range(kc):
+        k = pc + p
+        ci = k // kk_
+        r = k - ci * kk_
+        kh = r // KW
+        kw = r - kh * KW
+        base = xoff + ci * H * W
+        j = 0
+        oh = oh0
+        ow = ow0
+        while j < nc:
+            seg = min(nc - j, OW - ow)
+            ih = oh * sh - ph + kh * dh
+            uj = U(j)
+            if ih < 0 or ih >= H:
+                for t in range(U(seg)):
+                    line[uj + t] = zero
+            else:
+                iw0 = ow * sw - pw + kw * dw
+                lo, hi = _segment_bounds(iw0, seg, sw, W)
+                for t in range(U(lo)):
+                    line[uj + t] = zero
+                src = U(base + ih * W + iw0)
+                if sw == 1:
+                    for t in range(U(lo), U(hi)):
+                        line[uj + t] = xf[src + t]
                 else:
-                    iw0 = ow * sw - pw + kw * dw
-                    lo, hi = _segment_bounds(iw0, seg, sw, W)
-                    for t in range(lo):
-                        row[j + t] = zero
-                    src = base + ih * W + iw0
-                    if sw == 1:
-                        for t in range(lo, hi):
-                            row[j + t] = xf[src + t]
-                    else:
-                        for t in range(lo, hi):
-                            row[j + t] = xf[src + t * sw]
-                    for t in range(hi, seg):
-                        row[j + t] = zero
-                j += seg
-                oh += 1
-                ow = 0
-            for t in range(cols, NR):
-                row[t] = zero
+                    usw = U(sw)
+                    for t in range(U(lo), U(hi)):
+                        line[uj + t] = xf[src + t * usw]
+                for t in range(U(hi), U(seg)):
+                    line[uj + t] = zero
+            j += seg
+            oh += 1
+            ow = 0
+        for t in range(nc, nnr * NR):
+            line[t] = zero
+        for jr in range(nnr):
+            l0 = U(jr * NR)
+            for i in range(U(NR)):
+                bpack[jr, p, i] = line[l0 + i]
 
 
 def _igemm_t(xf, apk, bias, of, geo, ncol, nj, mch, act, zero):
@@ -222,6 +246,7 @@ def _igemm_t(xf, apk, bias, of, geo, ncol, nj, mch, act, zero):
         nc = min(ncol, p_all - jc)
         if ir0 < ir1 and nc > 0:
             bpack = np.empty((nnr_max, kcap, NR), of.dtype)
+            line = np.empty(nnr_max * NR, of.dtype)
             scratch = np.empty(MR * NR, of.dtype)
             s_ld = scratch.size // MR
             s_off = 0 * s_ld
@@ -231,7 +256,7 @@ def _igemm_t(xf, apk, bias, of, geo, ncol, nj, mch, act, zero):
                 pc = q * kcap
                 kc = min(kcap, k - pc)
                 first = q == 0
-                _pack_cols(xf, xoff, geo, pc, kc, jc, nc, bpack, zero)
+                _pack_cols(xf, xoff, geo, pc, kc, jc, nc, bpack, line, zero)
                 for jr in range((nc + NR - 1) // NR):
                     cols = min(NR, nc - jr * NR)
                     for ir in range(ir0, ir1):
@@ -294,10 +319,11 @@ def _depthwise(xf, wf, wscale, bias, of, geo, act):
         wb = co * KH * KW
         s = wscale[co] if wscale.size > 0 else of.dtype.type(1)
         b = bias[co] if bias.size > 0 else zero
+        usw = U(sw)
         for oh in range(OH):
-            row = of[ob + oh * OW:ob + oh * OW + OW]
-            for ow in range(OW):
-                row[ow] = b
+            r0 = U(ob + oh * OW)
+            for ow in range(U(OW)):
+                of[r0 + ow] = b
             for kh in range(KH):
                 ih = oh * sh - ph + kh * dh
                 if ih >= 0 and ih < H:
@@ -305,17 +331,19 @@ def _depthwise(xf, wf, wscale, bias, of, geo, act):
                         wv = wf[wb + kh * KW + kw] * s
                         iw0 = kw * dw - pw
                         lo, hi = _segment_bounds(iw0, OW, sw, W)
-                        src = xb + ih * W + iw0
+                        # unsigned: no per-element negative-index fix-up, so
+                        # LLVM vectorizes the row (signed: scalar FMAs)
+                        src = U(xb + ih * W + iw0)
                         if sw == 1:
-                            for ow in range(lo, hi):
-                                row[ow] += wv * xf[src + ow]
+                            for ow in range(U(lo), U(hi)):
+                                of[r0 + ow] += wv * xf[src + ow]
                         else:
-                            for ow in range(lo, hi):
-                                row[ow] += wv * xf[src + ow * sw]
+                            for ow in range(U(lo), U(hi)):
+                                of[r0 + ow] += wv * xf[src + ow * usw]
             if act == 1:
-                for ow in range(OW):
-                    v = row[ow]
-                    row[ow] = v if not v < zero else zero
+                for ow in range(U(OW)):
+                    v = of[r0 + ow]
+                    of[r0 + ow] = v if not v < zero else zero
 
 
 # ---------------------------------------------------------------------------
@@ -403,10 +431,14 @@ def _blas_route(x, w, wscale, bias, out, geo, act):
     wm = w.reshape(G, mg, k)
     if wscale.size:
         wm = wm * wscale.reshape(G, mg, 1)
+    pointwise = KH == 1 and KW == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0
     col = np.empty((1, G, k, p), x.dtype)
     zero = out.dtype.type(0)
     for n in range(x.shape[0]):
-        im2col(x[n:n + 1], geo, col)
+        if pointwise:  # the patch matrix is the image itself
+            col = x[n:n + 1].reshape(1, G, k, p)
+        else:
+            im2col(x[n:n + 1], geo, col)
         on = out[n].reshape(G, mg, p)
         for g in range(G):
             np.dot(wm[g], col[0, g], out=on[g])
