@@ -291,6 +291,14 @@ def test_observer_degenerate_cases(data, want):
         assert zp == want[1] and scale == pytest.approx(want[0], rel=1e-6), cls
 
 
+def test_observers_take_device_arrays_and_tensors():
+    x = np.array([-1.0, 0.5, 3.0], np.float32)
+    for data in (nbops.to_device(x), nbops.Tensor(x)):
+        obs = O.MinMaxObserver()
+        assert obs(data) is data
+        assert obs.calculate_qparams() == torch_qparams(-1.0, 3.0, 0, 255, False, True)
+
+
 def test_observer_never_observed_warns_with_defaults():
     for obs in (O.MinMaxObserver(), O.HistogramObserver(), O.PerChannelMinMaxObserver()):
         with pytest.warns(RuntimeWarning, match="no data observed"):
