@@ -195,6 +195,8 @@ GRAD_CASES = [
      (2, 2, 2, 3), (2,)),
     ("layer_norm", lambda x, w, b, d: nbops.layer_norm(x, (3, 4), w, b), (2, 3, 4), (3, 4)),
     ("rms_norm", lambda x, w, b, d: nbops.rms_norm(x, 5, w) + b, (3, 5), (5,)),
+    # rows across several of CUDA's weight-gradient chunks (4 rows each simulated)
+    ("layer_norm-9-rows", lambda x, w, b, d: nbops.layer_norm(x, 3, w, b), (9, 3), (3,)),
 ]
 GRAD_IDS = [c[0] for c in GRAD_CASES]
 

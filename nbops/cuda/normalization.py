@@ -18,7 +18,7 @@ import math
 import numpy as np
 from numba import cuda, float64
 
-from ._launch import THREADS, grid_1d
+from ._launch import SIMULATED, THREADS, grid_1d
 
 __all__ = ["norm_rows", "norm_rows_backward", "batch_norm_stats", "batch_norm_invstd",
            "batch_norm_forward", "batch_norm_train", "batch_norm_backward"]
@@ -26,6 +26,11 @@ __all__ = ["norm_rows", "norm_rows_backward", "batch_norm_stats", "batch_norm_in
 # every reduction kernel runs blocks of exactly THREADS (a power of two)
 # threads: its shared arrays are sized by it at compile time
 _T = THREADS
+
+
+#: Rows per partial sum of the weight and bias gradients: one thread per
+#: (row chunk, column) keeps the grid full when rows are many and columns few.
+ROW_CHUNK = 4 if SIMULATED else 128
 
 
 def _blocks(n):
@@ -50,7 +55,10 @@ def norm_rows_backward(x, g, w, eps, centered, dx, dw, db):
     if rows and d:
         _rows_backward[_blocks(rows)](x, g, w, float(eps), bool(centered), dx, stats)
     if d:
-        _rows_param_grads[grid_1d(d)](x, g, stats, dw, db)
+        chunks = max(1, -(-rows // ROW_CHUNK))
+        part = cuda.device_array((2, chunks, d), np.float64)
+        _rows_param_partials[grid_1d(chunks * d)](x, g, stats, part)
+        _sum_partials[grid_1d(d)](part, dw, db)
     return dx
 
 
@@ -124,16 +132,33 @@ def _rows_backward(x, g, w, eps, centered, dx, stats):
 
 
 @cuda.jit
-def _rows_param_grads(x, g, stats, dw, db):
-    # one thread per column: consecutive threads read consecutive addresses
+def _rows_param_partials(x, g, stats, part):
+    # thread k: column k % d of row chunk k // d; neighbouring threads read
+    # neighbouring columns (coalesced)
     rows, d = x.shape
-    for j in range(cuda.grid(1), d, cuda.gridsize(1)):
+    chunks = part.shape[1]
+    for k in range(cuda.grid(1), chunks * d, cuda.gridsize(1)):
+        c = k // d
+        j = k - c * d
         sw = 0.0
         sb = 0.0
-        for r in range(rows):
+        for r in range(c * ROW_CHUNK, min(rows, (c + 1) * ROW_CHUNK)):
             gv = float64(g[r, j])
             sw += gv * (x[r, j] - stats[0, r]) * stats[1, r]
             sb += gv
+        part[0, c, j] = sw
+        part[1, c, j] = sb
+
+
+@cuda.jit
+def _sum_partials(part, dw, db):
+    chunks, d = part.shape[1], part.shape[2]
+    for j in range(cuda.grid(1), d, cuda.gridsize(1)):
+        sw = 0.0
+        sb = 0.0
+        for c in range(chunks):
+            sw += part[0, c, j]
+            sb += part[1, c, j]
         dw[j] = sw
         db[j] = sb
 
