@@ -24,6 +24,7 @@ Backward rules are attached for autograd (training-mode batch norm
 differentiates through the batch statistics).
 """
 
+import functools
 import math
 import numbers
 
@@ -286,15 +287,20 @@ def _as3(x, shape):
     return _layout.strided_view(x, shape, tuple(reversed(strides)))
 
 
-def _filled(value, shape, dtype, dev):
-    a = np.full(shape, value, dtype)
+@functools.lru_cache(maxsize=32)
+def _filled(value, n, dtype, dev):
+    """An (n,) array of ``value``: the weight or bias standing in for None,
+    kept so that device calls do not copy one to the GPU each time (kernels
+    only read it; writeable, since read-only arrays compile other kernels)."""
+    a = np.full(n, value, dtype)
     return a if dev == CPU else _dispatch.to_device(a)
 
 
 def _affine(weight, bias, n, dtype, dev):
     """Contiguous (n,) weight and bias; ones and zeros stand in for None."""
-    w = _filled(1, n, dtype, dev) if weight is None else _as3(_contiguous(weight), (n,))
-    b = _filled(0, n, dtype, dev) if bias is None else _as3(_contiguous(bias), (n,))
+    key = np.dtype(dtype).str
+    w = _filled(1, n, key, dev) if weight is None else _as3(_contiguous(weight), (n,))
+    b = _filled(0, n, key, dev) if bias is None else _as3(_contiguous(bias), (n,))
     return w, b
 
 
