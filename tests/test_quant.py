@@ -657,7 +657,13 @@ def test_quantize_dynamic_swaps_linears_in_order():
     assert got.dtype == np.float32 and got.shape == want.shape
     assert np.abs(got - want).max() < 0.03 * np.abs(want).max()
     single = Q.quantize_dynamic(nbops.nn.Linear(24, 3, rng=2))
-    assert isinstance(single, Q.model.DynamicQuantizedLinear)
+    assert isinstance(single, Q.model.DynamicQuantizedLinear) and single.device == "cpu"
+    on_gpu = Q.quantize_dynamic(nbops.nn.Sequential(nbops.nn.Linear(24, 3, rng=2)).to("cuda"))
+    assert on_gpu[0].device == "cuda"
+    np.testing.assert_allclose(host(on_gpu(nbops.to_device(x[:4]))), single(x[:4]), rtol=1e-6,
+                               atol=1e-6)
+    with pytest.raises(TypeError, match="input is on cpu"):
+        on_gpu(x)
     with pytest.raises(TypeError, match="nbops.nn.Module"):
         Q.quantize_dynamic(lambda v: v)
 
@@ -683,8 +689,13 @@ def test_static_quantization_of_an_mlp():
     assert np.abs(got - want).max() < 4 * step
     with pytest.raises(TypeError, match="QTensor"):
         qmodel(Q.quantize_per_tensor(x, 0.1, 0, np.uint8))
-    with pytest.raises(TypeError, match="run on the CPU"):
+    with pytest.raises(TypeError, match="input is on cuda but the quantized weights"):
         qmodel(nbops.to_device(x))
+    # the same model packed for CUDA gives the same integers
+    cuda_model = Q.convert(observed, device="cuda")
+    np.testing.assert_array_equal(host(cuda_model(nbops.to_device(x[:5]))), qmodel(x[:5]))
+    with pytest.raises(ValueError, match="'device'"):
+        Q.convert(observed, device="tpu")
 
 
 @pytest.mark.parametrize("call, err, match", [

@@ -20,7 +20,10 @@
   :func:`nbops.quant.relu`, :func:`nbops.quant.max_pool2d`,
   :func:`nbops.quant.adaptive_avg_pool2d`) and dequantizes its output.
 
-Quantized models run on the CPU (weights are packed for the CPU kernels).
+Quantized models run on one device, fixed when they are made: dynamically
+quantized layers on the device of the float weights, statically quantized
+models on ``convert(..., device=)`` (CPU by default); an input on another
+device is a ``TypeError``.
 """
 
 import copy
@@ -101,15 +104,17 @@ def quantize_dynamic(model, inplace=False):
     from ..nn.layers import Linear
 
     _need_module("quantize_dynamic", model)
-    if not inplace:
-        model = copy.deepcopy(model)
     if isinstance(model, Linear):
         return DynamicQuantizedLinear.from_float(model)
-    for parent, name, child in list(_walk(model)):
-        if isinstance(child, Linear):
-            # in place in the ordered dict: a Sequential runs its children in order
-            parent._modules[name] = new = DynamicQuantizedLinear.from_float(child)
-            object.__setattr__(parent, name, new)
+    # devices before copying: a deep copy need not keep arrays on the GPU
+    devices = [_weight_device(c) for _, _, c in _walk(model) if isinstance(c, Linear)]
+    if not inplace:
+        model = copy.deepcopy(model)
+    found = [(p, n, c) for p, n, c in _walk(model) if isinstance(c, Linear)]
+    for (parent, name, child), device in zip(found, devices):
+        # in place in the ordered dict: a Sequential runs its children in order
+        parent._modules[name] = new = DynamicQuantizedLinear.from_float(child, device=device)
+        object.__setattr__(parent, name, new)
     return model
 
 
@@ -123,20 +128,26 @@ class DynamicQuantizedLinear(Module):
         self.packed, self.bias = packed, bias
         self.in_features, self.out_features = in_features, out_features
 
-    @classmethod
-    def from_float(cls, linear, qconfig=None):
-        """Quantize the weight of an :class:`nbops.nn.Linear` (observed by
-        ``qconfig.weight()``, default symmetric per-channel int8) and pack it."""
-        from . import pack_weight
+    @property
+    def device(self):
+        return self.packed.device
 
+    @classmethod
+    def from_float(cls, linear, qconfig=None, device=None):
+        """Quantize the weight of an :class:`nbops.nn.Linear` (observed by
+        ``qconfig.weight()``, default symmetric per-channel int8) and pack it
+        on ``device`` (default: where the Linear's weight is)."""
         w, b = _host_f32(linear.weight), _host_f32(linear.bias)
         qw = _quantize_weight(w, (qconfig or default_qconfig()).weight)
-        return cls(pack_weight(qw), b, w.shape[1], w.shape[0])
+        device = device or _weight_device(linear)
+        packed, bias = _packed_for(qw, b, 1, device)
+        return cls(packed, bias, w.shape[1], w.shape[0])
 
     def forward(self, x):
         from . import linear_dynamic
 
-        return linear_dynamic(_float_data("DynamicQuantizedLinear", x), self.packed, self.bias)
+        x = _float_data("DynamicQuantizedLinear", x, self.device)
+        return linear_dynamic(x, self.packed, self.bias)
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -198,8 +209,14 @@ def prepare(model, qconfig=None, inplace=False):
     return ObservedSequential(_fuse(_leaves(model)), qconfig)
 
 
-def convert(observed):
+def convert(observed, device="cpu"):
     """Quantize a calibrated :class:`ObservedSequential` (from :func:`prepare`).
+
+    Parameters
+    ----------
+    observed : ObservedSequential, calibrated
+    device : "cpu" (default) or "cuda": where the quantized model's weights
+        are packed and its inputs must live
 
     Returns
     -------
@@ -227,7 +244,9 @@ def convert(observed):
     if observed.batches == 0:
         raise ValueError("convert: the model has not been calibrated; call it on sample "
                          "batches after prepare() and before convert()")
-    return QuantizedSequential(observed)
+    if device not in _dispatch.DEVICES:
+        raise ValueError(f"convert: 'device' must be 'cpu' or 'cuda', got {device!r}")
+    return QuantizedSequential(observed, device)
 
 
 # --- layers as plain steps ------------------------------------------------------
@@ -342,25 +361,24 @@ class ObservedSequential(Module):
 
 class QuantizedSequential(Module):
     """A statically quantized model (see :func:`convert`): float32 in, float32
-    out, uint8 activations and int8 weights inside."""
+    out, uint8 activations and int8 weights inside, on one device."""
 
-    def __init__(self, observed):
+    def __init__(self, observed, device="cpu"):
         super().__init__()
-        from . import pack_weight
-
+        self.device = device
         self.input_qparams = observed.input_observer.calculate_qparams()
         self.layers = []
         scale_in = self.input_qparams[0]
         for s in observed.steps:
             if s.kind in ("conv", "linear"):
                 qw = _quantize_weight(s.weight, observed.qconfig.weight)
-                groups = s.module.groups if s.kind == "conv" else 1
-                packed = pack_weight(qw, groups) if s.kind == "conv" else pack_weight(qw)
                 bias = None
                 if s.bias is not None:
                     # int32 in units of s_in * s_w[oc], as ONNX and QNNPACK define it
                     units = np.float32(scale_in) * qw.scale
                     bias = np.clip(np.rint(s.bias / units), -2**31, 2**31 - 1).astype(np.int32)
+                groups = s.module.groups if s.kind == "conv" else None
+                packed, bias = _packed_for(qw, bias, groups, device)
                 out_q = s.observer.calculate_qparams()
                 self.layers.append((s.kind, s.module, packed, bias, out_q, s.relu))
                 scale_in = out_q[0]
@@ -371,7 +389,7 @@ class QuantizedSequential(Module):
         from . import adaptive_avg_pool2d, conv2d, dequantize, linear, max_pool2d, \
             quantize_per_tensor, relu
 
-        x = _float_data("QuantizedSequential", x)
+        x = _float_data("QuantizedSequential", x, self.device)
         scale, zp = self.input_qparams
         q = quantize_per_tensor(x, scale, zp, np.uint8)
         for kind, m, packed, bias, out_q, fused_relu in self.layers:
@@ -430,15 +448,32 @@ def _host_f32(p):
     return np.ascontiguousarray(_dispatch.to_host(data), np.float32)
 
 
-def _float_data(who, x):
+def _float_data(who, x, device=None):
     if isinstance(x, QTensor):
         raise TypeError(f"{who}: expected a float array, got a QTensor (the model quantizes "
                         "its input itself; pass x.dequantize())")
     data = getattr(x, "data", x) if getattr(x, "__nbops_tensor__", False) else x
-    if _dispatch.is_device_array(data):
-        raise TypeError(f"{who}: quantized models run on the CPU (their weights are packed "
-                        "for the CPU kernels); pass a NumPy array (nbops.to_host(x))")
+    where = _dispatch.device_of_array(data)
+    if device is not None and where is not None and where != device:
+        raise TypeError(f"{who}: the input is on {where} but the quantized weights are packed "
+                        f"on {device}; move the input (nbops.to_device / nbops.to_host) or "
+                        f"quantize the model for {where}")
     return data
+
+
+def _packed_for(qw, bias, groups, device):
+    """``(PackedWeight, bias)`` on ``device`` (``groups`` None for a linear weight)."""
+    from . import pack_weight
+
+    if device == _dispatch.CUDA:
+        qw = qw.to_device()
+        bias = None if bias is None else _dispatch.to_device(bias)
+    packed = pack_weight(qw) if groups is None else pack_weight(qw, groups)
+    return packed, bias
+
+
+def _weight_device(layer):
+    return _dispatch.device_of_array(getattr(layer.weight, "data", layer.weight))
 
 
 def _need_module(op, model):
