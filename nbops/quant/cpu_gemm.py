@@ -57,6 +57,8 @@ there are too few row blocks to feed every thread (a linear layer with a
 small batch), as ``nbops.cpu.linalg`` does.
 """
 
+import functools
+
 import llvmlite.binding as _llvm
 import numpy as np
 from llvmlite import ir
@@ -82,8 +84,10 @@ MC = 64
 TASKS_PER_THREAD = 4
 
 
+@functools.lru_cache(maxsize=None)
 def has_vnni():
-    """Whether the host CPU has AVX-512 VNNI (``vpdpbusd`` on zmm)."""
+    """Whether the host CPU has AVX-512 VNNI (``vpdpbusd`` on zmm); asked
+    once (LLVM's feature query takes milliseconds)."""
     return bool(_llvm.get_host_cpu_features().get("avx512vnni", False))
 
 
@@ -267,37 +271,58 @@ def _pack_rows_kernel(b, off, ldb, k, n, flip, bw, colsum):
 
 
 @cpu_kernel(parallel=True)
-def _im2col_kernel(x, sc, sh, sw, cg, hgt, wid, kh, kw, st_h, st_w, pad_h, pad_w, dil_h,
-                   dil_w, oh_n, ow_n, padv, col):
-    # col[kk, oh * OW + ow] = x[c, oh*st - pad + i*dil, ow*st - pad + j*dil]
-    # (padv outside), kk = (c * kh + i) * kw + j: each output row is a pad
-    # prefix, a strided copy (contiguous for stride 1) and a pad suffix
+def _pack_conv_kernel(xp, sc, sh, cg, kh, kw, st_h, st_w, dil_h, dil_w, oh_n, ow_n, flip,
+                      bw, colsum):
+    # im2col and packing in one pass: bw[jr][q][j] is the int32 word of rows
+    # kk = 4q..4q+3 of the implicit GEMM's B at pixel jr*NR + j, where
+    # B[kk, p] = xp[c, oh*st_h + i*dil_h, ow*st_w + j*dil_w] over the already
+    # padded input xp (so no bounds tests), kk = (c * kh + i) * kw + j. The
+    # pixels of a sliver run along output rows: each run is a strided (for
+    # stride 1 contiguous) read, combined into the words with shifts
     k = cg * kh * kw
+    kq = (k + 3) // 4
     npix = oh_n * ow_n
-    for kk in prange(k):
-        c = kk // (kh * kw)
-        rem = kk - c * kh * kw
-        i = rem // kw
-        w0 = (rem - i * kw) * dil_w - pad_w
-        # valid ow: 0 <= ow * st_w + w0 < wid
-        lo = min(ow_n, max(0, (-w0 + st_w - 1) // st_w))
-        hi = min(ow_n, max(lo, (wid - w0 + st_w - 1) // st_w))
-        step = st_w * sw
-        for oh in range(oh_n):
-            h = oh * st_h - pad_h + i * dil_h
-            d0 = kk * npix + oh * ow_n
-            dst = col[d0:d0 + ow_n]  # slices: no wraparound tests per index
-            if h < 0 or h >= hgt:
-                dst[:] = padv
-            else:
-                dst[:lo] = padv
-                dst[hi:] = padv
-                src = c * sc + h * sh + (w0 + lo * st_w) * sw
-                if step == 1:
-                    dst[lo:hi] = x[src:src + hi - lo]
-                else:
-                    for ow in range(hi - lo):
-                        dst[lo + ow] = x[src + ow * step]
+    njr = (npix + NR - 1) // NR
+    for jr in prange(njr):
+        p0 = jr * NR
+        cols = min(NR, npix - p0)
+        cs = np.zeros(NR, np.int32)
+        word = np.empty(NR, np.int32)
+        for q in range(kq):
+            word[:] = 0
+            for t in range(min(4, k - 4 * q)):
+                kk = 4 * q + t
+                c = kk // (kh * kw)
+                rem = kk - c * kh * kw
+                i = rem // kw
+                base = c * sc + i * dil_h * sh + (rem - i * kw) * dil_w
+                shift = 8 * t
+                p = p0
+                while p < p0 + cols:
+                    oh = p // ow_n
+                    ow = p - oh * ow_n
+                    seg = min(p0 + cols - p, ow_n - ow)
+                    src = base + oh * st_h * sh + ow * st_w
+                    jj = p - p0
+                    wseg = word[jj:jj + seg]
+                    cseg = cs[jj:jj + seg]
+                    if st_w == 1:
+                        row = xp[src:src + seg]
+                        for e in range(seg):
+                            v = np.int32(row[e] ^ flip)
+                            wseg[e] |= v << shift
+                            cseg[e] += v - ((v & 0x80) << 1)
+                    else:
+                        row = xp[src:src + (seg - 1) * st_w + 1]
+                        for e in range(seg):
+                            v = np.int32(row[e * st_w] ^ flip)
+                            wseg[e] |= v << shift
+                            cseg[e] += v - ((v & 0x80) << 1)
+                    p += seg
+            dst = (jr * kq + q) * NR
+            bw[dst:dst + NR] = word
+        for j in range(cols):
+            colsum[p0 + j] = cs[j]
 
 
 def _words(nbytes):
@@ -338,14 +363,12 @@ def pack_b(b8, off, sbk, sbn, k, n, flip):
     return words, colsum
 
 
-def pack_im2col(x8, sc, sh, sw, cg, hgt, wid, kh, kw, stride, padding, dilation, oh, ow,
-                flip, pad_value):
-    """Pack the implicit-GEMM operand of a convolution (one image, one group):
-    ``x8`` is a flat uint8 view starting at the group's first channel, with
-    element strides ``sc``/``sh``/``sw``; positions in the padding read
-    ``pad_value`` (the input's zero point). The columns are unfolded into a
-    row-major (k, oh*ow) byte matrix first (skipped for 1x1, stride-1,
-    unpadded kernels, whose input already is that matrix), then packed.
+def pack_im2col(x8, cg, hgt, wid, kh, kw, stride, padding, dilation, oh, ow, flip,
+                pad_value):
+    """Pack the implicit-GEMM operand of a convolution (one image, one group)
+    straight from the input: ``x8`` is the group's (cg, H, W) C-contiguous
+    uint8 input; it is padded with ``pad_value`` (the input's zero point)
+    first, when there is padding, then unfolded and packed in one pass.
     Returns ``(bpack, colsum)`` over k = cg*kh*kw rows and oh*ow columns."""
     k = cg * kh * kw
     n = oh * ow
@@ -356,16 +379,13 @@ def pack_im2col(x8, sc, sh, sw, cg, hgt, wid, kh, kw, stride, padding, dilation,
         words[:] = 0
         colsum[:] = 0
         return words, colsum
-    direct = (kh == kw == 1 and stride == (1, 1) and padding == (0, 0) and sw == 1
-              and sh == wid)
-    if direct:
-        col, ldc = x8, sc
-    else:
-        col, ldc = np.empty(k * n, np.uint8), n
-        _im2col_kernel(x8, sc, sh, sw, cg, hgt, wid, kh, kw, stride[0], stride[1],
-                       padding[0], padding[1], dilation[0], dilation[1], oh, ow,
-                       np.uint8(pad_value & 0xFF), col)
-    _pack_rows_kernel(col, 0, ldc, k, n, np.uint8(flip), words, colsum)
+    xp = x8.reshape(cg, hgt, wid)
+    if padding != (0, 0):
+        xp = np.pad(xp, ((0, 0), (padding[0],) * 2, (padding[1],) * 2),
+                    constant_values=np.uint8(pad_value & 0xFF))
+    hp, wp = xp.shape[1], xp.shape[2]
+    _pack_conv_kernel(xp.reshape(-1), hp * wp, wp, cg, kh, kw, stride[0], stride[1],
+                      dilation[0], dilation[1], oh, ow, np.uint8(flip), words, colsum)
     return words, colsum
 
 
@@ -377,17 +397,26 @@ _micro = None
 
 
 @register_jitable
+def _param_row(dst, a, p0, pc, cols):
+    if a.size == 0:
+        dst[:] = 0
+    elif pc:
+        dst[:cols] = a[p0:p0 + cols]
+    else:
+        dst[:] = a[p0]
+
+
+@register_jitable
 def _tile_params(pi, pf, p0, pc, cols, bias, mult, shift, fscale, fbias):
-    # the tile's per-channel parameters copied to unit-stride rows (pi: bias,
-    # mult, shift; pf: fscale, fbias), so that the epilogue loops vectorize
-    # whether the parameters follow columns (pc = 1) or are one row's (pc = 0)
-    for j in range(cols):
-        p = p0 + j * pc
-        pi[0, j] = bias[p] if bias.size > 0 else 0
-        pi[1, j] = mult[p] if mult.size > 0 else 0
-        pi[2, j] = shift[p] if shift.size > 0 else 0
-        pf[0, j] = fscale[p] if fscale.size > 0 else 0.0
-        pf[1, j] = fbias[p] if fbias.size > 0 else 0.0
+    # the tile's per-channel parameters as unit-stride rows (pi: bias, mult,
+    # shift; pf: fscale, fbias), so that the epilogue loops vectorize whether
+    # the parameters follow columns (pc = 1: copies) or rows (pc = 0: one
+    # value per row, broadcast)
+    _param_row(pi[0], bias, p0, pc, cols)
+    _param_row(pi[1], mult, p0, pc, cols)
+    _param_row(pi[2], shift, p0, pc, cols)
+    _param_row(pf[0], fscale, p0, pc, cols)
+    _param_row(pf[1], fbias, p0, pc, cols)
 
 
 def _epilogue_t(tile, r0, c0, m, n, k, rowsum, za, colsum, zb, oi, ob, of, ldo, mode, bias,
@@ -574,7 +603,7 @@ def conv2d_op(x8, flip_x, xzp, pw, geom, ohw, out, epi):
     for img in range(nimg):
         for gi in range(g):
             base = (img * c + gi * cg) * hgt * wid
-            bpk, cs = pack_im2col(xflat[base:], hgt * wid, wid, 1, cg, hgt, wid, kh, kw, st,
+            bpk, cs = pack_im2col(xflat[base:base + cg * hgt * wid], cg, hgt, wid, kh, kw, st,
                                   pad, dil, oh, ow, bflip, int(xzp))
             sl = slice(gi * ocg, (gi + 1) * ocg)
 
