@@ -113,10 +113,11 @@ def _copies(inputs):
 
 CASES = [
     Case("layer_norm", _rows,
-         lambda x, w, b, out: nbops.layer_norm(x, x.shape[-1], w, b, eps=EPS, out=out),
+         lambda x, w, b, out: nbops.layer_norm(x, tuple(x.shape)[-1], w, b, eps=EPS,
+                                               out=out),
          layer_norm_numpy, requires=("layer_norm",), tol=(2e-5, 1e-12)),
     Case("rms_norm", lambda n, dtype, rng: _rows(n, dtype, rng)[:2],
-         lambda x, w, out: nbops.rms_norm(x, x.shape[-1], w, eps=EPS, out=out),
+         lambda x, w, out: nbops.rms_norm(x, tuple(x.shape)[-1], w, eps=EPS, out=out),
          rms_norm_numpy, requires=("rms_norm",), tol=(2e-5, 1e-12)),
     Case("batch_norm_eval", _channels,
          lambda x, rm, rv, w, b, out: nbops.batch_norm(x, rm, rv, w, b, eps=EPS, out=out),
@@ -164,7 +165,8 @@ def calls(name, args, out):
     x = args[0]
     if name == "layer_norm":
         x_, w, b = args
-        fns = {"nbops": lambda: nbops.layer_norm(x_, x_.shape[-1], w, b, eps=EPS, out=out),
+        fns = {"nbops": lambda: nbops.layer_norm(x_, tuple(x_.shape)[-1], w, b, eps=EPS,
+                                                 out=out),
                "numpy": lambda: layer_norm_numpy(x_, w, b, out)}
     elif name == "batch_norm_eval":
         fns = {"nbops": lambda: nbops.batch_norm(*args, eps=EPS, out=out),
