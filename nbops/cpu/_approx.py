@@ -100,6 +100,7 @@ mpmath, rounded coefficient by coefficient); each block below states its
 range and approximation error.
 """
 
+import contextlib
 import math
 from types import FunctionType
 
@@ -503,16 +504,24 @@ def _jit(fn):
 
     def compile(sig):
         # under Numba's compiler lock: no other compilation sees the setting
-        with global_compiler_lock:
-            saved = config.SLP_VECTORIZE
-            config.SLP_VECTORIZE = 0
-            try:
-                return compile_(sig)
-            finally:
-                config.SLP_VECTORIZE = saved
+        with global_compiler_lock, _numba_config(SLP_VECTORIZE=0):
+            return compile_(sig)
 
     disp.compile = compile
     return disp
+
+
+@contextlib.contextmanager
+def _numba_config(**settings):
+    """Set ``numba.config`` attributes for the duration of a with block."""
+    saved = {name: getattr(config, name) for name in settings}
+    for name, value in settings.items():
+        setattr(config, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(config, name, value)
 
 
 @intrinsic
