@@ -91,10 +91,18 @@ def quantize_multipliers(reals):
     """Per-channel :func:`quantize_multiplier`: ``(M, shift)`` as int32
     arrays of ``reals``' length."""
     reals = np.asarray(reals, np.float64).reshape(-1)
-    pairs = [quantize_multiplier(r) for r in reals]
-    mult = np.array([p[0] for p in pairs], np.int32)
-    shift = np.array([p[1] for p in pairs], np.int32)
-    return mult, shift
+    bad = ~np.isfinite(reals) | (reals < 0) | (reals >= 2.0**30)
+    if bad.any():
+        quantize_multiplier(reals[np.argmax(bad)])  # raises, naming the value
+    # the scalar function's steps, vectorized (frexp, round half up, renormalise)
+    q, shift = np.frexp(reals)
+    fixed = np.floor(q * 2.0**31 + 0.5).astype(np.int64)
+    up = fixed == 1 << 31
+    fixed = np.where(up, fixed // 2, fixed)
+    shift = np.where(up, shift + 1, shift)
+    tiny = shift < -31
+    return (np.where(tiny, 0, fixed).astype(np.int32),
+            np.where(tiny, 0, shift).astype(np.int32))
 
 
 # --- scalar formulas (host, njit and CUDA) ------------------------------------
