@@ -183,7 +183,11 @@ def _epilogue_tile_source():
     return "\n".join(lines) + "\n"
 
 
-_epilogue_tile = register_jitable(
+# a kernel of its own, not inlined at the Numba level: compiled (and cached)
+# once per dtype and shared by every driver, which saves each driver most
+# of its compile time. Callers pass runtime values, never literals (a
+# literal 0 argument would compile another specialisation).
+_epilogue_tile = cpu_kernel(
     generated(_epilogue_tile_source(), "epilogue_tile", dict(vars(_formulas))))
 
 
@@ -233,7 +237,8 @@ def _fill(outf, nbatch, m, n, bias, act, prm, cst):
     for i in range(nbatch * m):
         for j in range(n):
             outf[i * n + j] = cst.zero
-    _epilogue_tile(outf, 0, n, nbatch * m, n, bias, 0, act, prm, cst)
+    z = 0 * n  # not a literal: see _epilogue_tile
+    _epilogue_tile(outf, z, n, nbatch * m, n, bias, z, act, prm, cst)
 
 
 @register_jitable
@@ -417,14 +422,14 @@ def _small_product_t(abuf, a0, sam, sak, bbuf, b0, sbk, outf, c0, m, n, k, ctile
                              outf, c0 + i0 * n + j0, n, zero)
             else:
                 _narrow_tile(abuf, a0 + i0 * sam, sam, sak, rows, bbuf, b0, sbk, k, ctile,
-                             0, SNN, zero)
+                             0 * n, ctile.size // MR, zero)
                 for i in range(rows):
                     for j in range(n):
                         outf[c0 + (i0 + i) * n + j] = ctile[i * SNN + j]
             i0 += MR
         j0 += SNR if wide else SNN
     if act != 0 or bias.size > 0:
-        _epilogue_tile(outf, c0, n, m, n, bias, 0, act, prm, cst)
+        _epilogue_tile(outf, c0, n, m, n, bias, 0 * n, act, prm, cst)
 
 
 def _small_t(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, outf, nbatch, m, n, k, bias, act,
@@ -536,14 +541,15 @@ def _blas_rows(a, b, c, bias, act, prm, cst, rows):
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
         np.dot(a[r0:r1], b, c[r0:r1])
-        _epilogue_tile(cflat, r0 * n, n, r1 - r0, n, bias, 0, act, prm, cst)
+        _epilogue_tile(cflat, r0 * n, n, r1 - r0, n, bias, 0 * n, act, prm, cst)
 
 
 @cpu_kernel
 def _blas_whole(a, b, c, bias, act, prm, cst):
     # an F-ordered ``a`` has no contiguous row blocks: one BLAS call
     np.dot(a, b, c)
-    _epilogue_tile(c.reshape(-1), 0, c.shape[1], c.shape[0], c.shape[1], bias, 0, act, prm,
+    z = 0 * c.shape[1]
+    _epilogue_tile(c.reshape(-1), z, c.shape[1], c.shape[0], c.shape[1], bias, z, act, prm,
                    cst)
 
 
