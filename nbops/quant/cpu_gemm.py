@@ -271,39 +271,45 @@ def _pack_rows_kernel(b, off, ldb, k, n, flip, bw, colsum):
 
 
 @cpu_kernel(parallel=True)
-def _pack_conv_kernel(xp, sc, sh, cg, kh, kw, st_h, st_w, dil_h, dil_w, oh_n, ow_n, flip,
-                      bw, colsum):
+def _pack_conv_kernel(xp, kbase, sh, st_h, st_w, oh_n, ow_n, k, flip, bw, colsum):
     # im2col and packing in one pass: bw[jr][q][j] is the int32 word of rows
     # kk = 4q..4q+3 of the implicit GEMM's B at pixel jr*NR + j, where
-    # B[kk, p] = xp[c, oh*st_h + i*dil_h, ow*st_w + j*dil_w] over the already
-    # padded input xp (so no bounds tests), kk = (c * kh + i) * kw + j. The
-    # pixels of a sliver run along output rows: each run is a strided (for
-    # stride 1 contiguous) read, combined into the words with shifts
-    k = cg * kh * kw
+    # B[kk, p] = xp[kbase[kk] + oh*st_h*sh + ow*st_w] over the already padded
+    # input (so no bounds tests; kbase[kk] is the offset of tap kk's channel
+    # and kernel position). A sliver's pixels split into runs along output
+    # rows, found once per sliver; each run is a strided (for stride 1
+    # contiguous) read, combined into the words with shifts
     kq = (k + 3) // 4
     npix = oh_n * ow_n
     njr = (npix + NR - 1) // NR
     for jr in prange(njr):
         p0 = jr * NR
         cols = min(NR, npix - p0)
+        run_j = np.empty(NR, np.int64)
+        run_n = np.empty(NR, np.int64)
+        run_src = np.empty(NR, np.int64)
+        nrun = 0
+        p = p0
+        while p < p0 + cols:
+            oh = p // ow_n
+            ow = p - oh * ow_n
+            seg = min(p0 + cols - p, ow_n - ow)
+            run_j[nrun] = p - p0
+            run_n[nrun] = seg
+            run_src[nrun] = oh * st_h * sh + ow * st_w
+            nrun += 1
+            p += seg
         cs = np.zeros(NR, np.int32)
         word = np.empty(NR, np.int32)
         for q in range(kq):
             word[:] = 0
             for t in range(min(4, k - 4 * q)):
-                kk = 4 * q + t
-                c = kk // (kh * kw)
-                rem = kk - c * kh * kw
-                i = rem // kw
-                base = c * sc + i * dil_h * sh + (rem - i * kw) * dil_w
+                b0 = kbase[4 * q + t]
                 shift = 8 * t
-                p = p0
-                while p < p0 + cols:
-                    oh = p // ow_n
-                    ow = p - oh * ow_n
-                    seg = min(p0 + cols - p, ow_n - ow)
-                    src = base + oh * st_h * sh + ow * st_w
-                    jj = p - p0
+                for g in range(nrun):
+                    jj = run_j[g]
+                    seg = run_n[g]
+                    src = b0 + run_src[g]
                     wseg = word[jj:jj + seg]
                     cseg = cs[jj:jj + seg]
                     if st_w == 1:
@@ -318,7 +324,6 @@ def _pack_conv_kernel(xp, sc, sh, cg, kh, kw, st_h, st_w, dil_h, dil_w, oh_n, ow
                             v = np.int32(row[e * st_w] ^ flip)
                             wseg[e] |= v << shift
                             cseg[e] += v - ((v & 0x80) << 1)
-                    p += seg
             dst = (jr * kq + q) * NR
             bw[dst:dst + NR] = word
         for j in range(cols):
@@ -384,8 +389,10 @@ def pack_im2col(x8, cg, hgt, wid, kh, kw, stride, padding, dilation, oh, ow, fli
         xp = np.pad(xp, ((0, 0), (padding[0],) * 2, (padding[1],) * 2),
                     constant_values=np.uint8(pad_value & 0xFF))
     hp, wp = xp.shape[1], xp.shape[2]
-    _pack_conv_kernel(xp.reshape(-1), hp * wp, wp, cg, kh, kw, stride[0], stride[1],
-                      dilation[0], dilation[1], oh, ow, np.uint8(flip), words, colsum)
+    c, i, j = np.unravel_index(np.arange(k), (cg, kh, kw))
+    kbase = (c * hp * wp + i * dilation[0] * wp + j * dilation[1]).astype(np.int64)
+    _pack_conv_kernel(xp.reshape(-1), kbase, wp, stride[0], stride[1], oh, ow, k,
+                      np.uint8(flip), words, colsum)
     return words, colsum
 
 
