@@ -144,24 +144,29 @@ def _online_t(blk, kv, s0, qbase, L, causal, has_mask, mbuf, mo, smr, smc,
     # factor), mu (the shift used) and acc are the lanes' state.
     _linalg._prefer_wide_vectors()
     zero, ninf = cst[0], cst[1]
+    # the lane count as a runtime value (it is NR): a constant trip count is
+    # unrolled before vectorization, and LLVM, unable to rule out that the
+    # lane arrays alias the block, then keeps every lane scalar; a counted
+    # loop is vectorized with one runtime overlap check
+    nr = blk.shape[1]
     if has_mask:
         for s in range(kv):
             row = blk[s]
-            for j in range(NR):
+            for j in range(nr):
                 q = min(qbase + j, L - 1)
                 row[j] += mbuf[mo + q * smr + (s0 + s) * smc]
     if causal and s0 + kv - 1 > qbase:
         for s in range(kv):
             row = blk[s]
-            for j in range(NR):
+            for j in range(nr):
                 row[j] = row[j] if s0 + s <= qbase + j else ninf
-    for j in range(NR):
+    for j in range(nr):
         acc[j] = m[j]
     for s in range(kv):
         row = blk[s]
-        for j in range(NR):
+        for j in range(nr):
             acc[j] = row[j] if row[j] > acc[j] else acc[j]
-    for j in range(NR):
+    for j in range(nr):
         mn = acc[j]
         # a lane with no visible key yet shifts by 0: exp(-inf - 0) = 0, not NaN
         u = mn if mn > ninf else zero
@@ -171,11 +176,11 @@ def _online_t(blk, kv, s0, qbase, L, causal, has_mask, mbuf, mo, smr, smc,
         acc[j] = zero
     for s in range(kv):
         row = blk[s]
-        for j in range(NR):
+        for j in range(nr):
             p = exp(row[j] - mu[j])
             row[j] = p
             acc[j] += p
-    for j in range(NR):
+    for j in range(nr):
         l[j] = l[j] * al[j] + acc[j]
 
 
@@ -219,11 +224,13 @@ def _task_t(b, qt, qbuf, offq, sqr, sqc, kp, vp, mbuf, offm, smr, smc, causal, o
                     m[a:a + NR], l[a:a + NR], al[a:a + NR], mu[a:a + NR], acc, cst)
         if stats:
             continue
+        # the lane count from the block's shape, a runtime value (see _online_t)
+        nrt = st3.shape[2]
         for jr in range(nqs):
             alpha = al[jr * NR:jr * NR + NR]
             for d in range(Dvp):
                 row = ot[(jr * Dvp + d) * NR:(jr * Dvp + d) * NR + NR]
-                for j in range(NR):
+                for j in range(nrt):
                     row[j] *= alpha[j]
         for ds in range(Dvp // MR):
             vsl = vp[b, kt, ds]
