@@ -26,6 +26,7 @@ _dispatch.register_kernel("attention", CPU, "nbops.cpu.attention:forward")
 _dispatch.register_kernel("attention", CUDA, "nbops.cuda.attention:forward")
 _dispatch.register_kernel("attention_backward", CPU, "nbops.cpu.attention:backward")
 _dispatch.register_kernel("attention_backward", CUDA, "nbops.cuda.attention:backward")
+_dispatch.register_kernel("attention_bool_mask", CPU, "nbops.cpu.attention:bool_to_additive")
 _dispatch.register_kernel("attention_bool_mask", CUDA, "nbops.cuda.attention:bool_to_additive")
 
 #: CPU tiles when tuning is off: 64 queries (two float32 register-tile
@@ -270,13 +271,13 @@ def _additive_mask(op, dev, mask, dtype):
     """A float mask: booleans become 0 (attend) / -inf (masked)."""
     if mask.dtype != np.bool_:
         return mask
-    if dev == CPU:
-        return np.where(mask, dtype.type(0), dtype.type(-np.inf))
     src = mask
-    if not _layout.is_c_contiguous(src):  # rare: a strided boolean device mask
+    if dev == CPU:
+        src = np.ascontiguousarray(mask)
+    elif not _layout.is_c_contiguous(src):  # rare: a strided boolean device mask
         src = _dispatch.to_device(np.ascontiguousarray(_dispatch.to_host(src)))
     fm = _checks.empty(_shp(mask), dtype, dev)
-    _dispatch.kernel("attention_bool_mask", CUDA)(src.reshape(-1), fm.reshape(-1))
+    _dispatch.kernel("attention_bool_mask", dev)(src.reshape(-1), fm.reshape(-1))
     return fm
 
 

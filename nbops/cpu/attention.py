@@ -48,7 +48,7 @@ from .._jit import FASTMATH_REDUCE, cpu_kernel
 from . import linalg as _linalg
 from ._approx import exp
 
-__all__ = ["forward", "backward"]
+__all__ = ["forward", "backward", "bool_to_additive"]
 
 #: Tasks per thread the forward aims for (load balance vs per-task set-up).
 TASKS_PER_THREAD = 4
@@ -105,6 +105,19 @@ def backward(qbuf, offq, sqr, sqc, kbuf, offk, skr, skc, vbuf, offv, svr, svc,
               mbuf, offm, smr, smc, bool(causal), out, grad, lse, dq, dk, dv,
               L, S, D, Dv, max(1, int(BK)), (dt.type(0), dt.type(-np.inf), dt.type(scale)))
     return dq, dk, dv
+
+
+def bool_to_additive(mask, out):
+    """``out = where(mask, 0, -inf)`` over two flat arrays of one size."""
+    if out.size:
+        _bool_to_additive(mask, out)
+    return out
+
+
+@cpu_kernel(parallel=True)
+def _bool_to_additive(mask, out):
+    for i in prange(out.size):
+        out[i] = 0 if mask[i] else -np.inf
 
 
 # ---------------------------------------------------------------------------
