@@ -51,6 +51,15 @@ shift), ``float`` (float64 ``round_half_even(acc * scale) + zp``) or
 dynamic-quantization output). int8 outputs are written through a uint8
 view (same bits).
 
+Convolutions (:func:`conv2d_op`) are implicit GEMMs with the weights as A
+(packed once per group, unsigned) and the unfolded input as B: the input is
+padded with its zero point, then unfolded and packed in one pass
+(``_pack_conv_kernel``: per column sliver, runs of pixels along output rows
+read with unit stride and combined four taps to a word with shifts).
+
+Packing kernels index through slices: Numba tests every signed index for
+wraparound, which kept these byte loops scalar (20x slower).
+
 Parallelism: A is packed with ``prange`` over row slivers; the product runs
 ``prange`` over (row block x column chunk) tasks, chunking columns when
 there are too few row blocks to feed every thread (a linear layer with a
