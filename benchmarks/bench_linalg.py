@@ -89,25 +89,39 @@ class Linear:
 
 
 class SmallBatched:
-    """Stacks of small products: batch x (n x n) @ (n x n)."""
+    """Stacks of small products: batch x (n x n) @ (n x n). The default
+    config sends them to the non-packing small-product route;
+    ``time_nbops_packed`` runs the packed kernel on the same stack
+    (``SMALL=0``). Target: nbops at least 2x ``numpy.matmul`` at 2 threads."""
 
-    params = [[(4096, 32), (512, 64)], ["float32"]]
+    params = [[(4096, 32), (512, 64)], ["float32", "float64"]]
     param_names = ["batch_n", "dtype"]
 
     def setup(self, batch_n, dtype):
         import nbops
+        from nbops import _formulas, linalg
+        from nbops.cpu import linalg as cpu
 
         batch, n = batch_n
         self.nbops = nbops
         self.a, self.b = _rand((batch, n, n), dtype), _rand((batch, n, n), dtype, 1)
         self.c = np.empty((batch, n, n), dtype)
+        abuf, offa, sam, sak = linalg._operand("matmul", "a", self.a, (batch,))
+        bbuf, offb, sbk, sbn = linalg._operand("matmul", "b", self.b, (batch,))
+        args = (abuf, offa, sam, sak, bbuf, offb, sbk, sbn, self.c, n, n, n,
+                np.empty(0, dtype), 0, _formulas.params(dtype), _formulas.consts(dtype))
+        self.packed = lambda: cpu.gemm(*args, SMALL=0)
         _warm(lambda: nbops.matmul(self.a, self.b, out=self.c, impl="nbops"))
+        _warm(self.packed)
 
     def time_numpy(self, batch_n, dtype):
         np.matmul(self.a, self.b, out=self.c)
 
     def time_nbops(self, batch_n, dtype):
         self.nbops.matmul(self.a, self.b, out=self.c, impl="nbops")
+
+    def time_nbops_packed(self, batch_n, dtype):
+        self.packed()
 
 
 def timeraw_first_matmul():

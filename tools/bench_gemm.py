@@ -2,6 +2,7 @@
 
     python tools/bench_gemm.py                 # all groups, float32, all threads
     python tools/bench_gemm.py --group square --threads 1 2
+    python tools/bench_gemm.py --group small small-shapes --dtype float32 float64
     python tools/bench_gemm.py --asm           # instruction mix of the micro-kernel
     python tools/bench_gemm.py --compile-time  # cold compile, in a fresh cache
 
@@ -61,12 +62,18 @@ def _cases(group, dtype, rng):
                     "numpy": lambda x=x, w=w, c=c: np.matmul(x, w.T, out=c),
                     "nbops": lambda x=x, w=w, c=c: nbops.linear(x, w, out=c, impl="nbops"),
                     "nbops-blas": lambda x=x, w=w, c=c: nbops.linear(x, w, out=c, impl="blas")}
-    elif group == "small":
-        for batch, n in ((4096, 32), (512, 64)):
-            a, b, c = r(batch, n, n), r(batch, n, n), np.empty((batch, n, n), dtype)
-            yield f"batched {batch} x {n}^3", 2 * batch * n ** 3, {
+    elif group in ("small", "small-shapes"):
+        # the small-product route (default config) beside the packed
+        # kernel on the same stack (SMALL=0)
+        shapes = [(4096, 32, 32, 32), (512, 64, 64, 64)] if group == "small" else [
+            (64, 128, 128, 128), (8, 256, 256, 256), (4096, 4, 32, 32), (4096, 32, 8, 32),
+            (1024, 33, 65, 31), (4, 64, 64, 64)]
+        for batch, m, n, k in shapes:
+            a, b, c = r(batch, m, k), r(batch, k, n), np.empty((batch, m, n), dtype)
+            yield f"batched {batch} x {m}x{n}x{k}", 2 * batch * m * n * k, {
                 "numpy": lambda a=a, b=b, c=c: np.matmul(a, b, out=c),
-                "nbops": lambda a=a, b=b, c=c: nbops.matmul(a, b, out=c, impl="nbops")}
+                "nbops": lambda a=a, b=b, c=c: nbops.matmul(a, b, out=c, impl="nbops"),
+                "nbops-packed": _packed(a, b, c)}
     elif group == "gelu":
         for batch in (64, 256):
             x, w, bias = r(batch, 4096), r(4096, 4096), r(4096)
@@ -78,6 +85,20 @@ def _cases(group, dtype, rng):
                                                             impl="nbops"),
                 "fused-blas": lambda x=x, w=w, c=c: nbops.linear(x, w, activation="gelu",
                                                                  out=c, impl="blas")}
+
+
+def _packed(a, b, c):
+    """nbops' packed kernel on ``c = a @ b`` with the small-product route off."""
+    from nbops import _formulas, linalg
+    from nbops.cpu import linalg as cpu
+
+    batch = c.shape[:-2]
+    abuf, offa, sam, sak = linalg._operand("matmul", "a", a, batch)
+    bbuf, offb, sbk, sbn = linalg._operand("matmul", "b", b, batch)
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    args = (abuf, offa, sam, sak, bbuf, offb, sbk, sbn, c.reshape(-1, m, n), m, n, k,
+            np.empty(0, c.dtype), 0, _formulas.params(c.dtype), _formulas.consts(c.dtype))
+    return lambda: cpu.gemm(*args, SMALL=0)
 
 
 def run(groups, dtypes, threads, rounds, pause):
@@ -131,25 +152,32 @@ def asm_report(dtype):
 
 def compile_time(dtype):
     """CPU seconds to compile the GEMM drivers from a cold cache (fresh
-    process; CPU time, so that a busy machine does not inflate it)."""
+    process; CPU time, so that a busy machine does not inflate it). Two
+    threads, so that the small stack takes the small-product route; the
+    shared epilogue kernel compiles with the first driver."""
     code = ("import time, numpy as np, nbops\n"
+            "nbops.set_num_threads(2)\n"
             "c = time.process_time\n"
             "t = c()\n"
             f"a = np.ones((8, 8), '{dtype}'); nbops.matmul(a, a, impl='nbops')\n"
             "t1 = c()\n"
             f"nbops.matmul(np.ones((64, 8, 8), '{dtype}'), a, impl='nbops')\n"
-            "print(f'{t1 - t:.1f} {c() - t1:.1f}')\n")
+            "t2 = c()\n"
+            f"nbops.matmul(np.ones((64, 8, 8), '{dtype}'), np.ones((64, 8, 300), '{dtype}'),"
+            " impl='nbops')\n"
+            "print(f'{t1 - t:.1f} {t2 - t1:.1f} {c() - t2:.1f}')\n")
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, NUMBA_CACHE_DIR=cache, NBOPS_AUTOTUNE="0")
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                              text=True, check=True).stdout.split()
-    print(f"{dtype} cold compile, CPU seconds: micro-kernel + tiles driver {out[0]}, "
-          f"batched driver {out[1]}")
+    print(f"{dtype} cold compile, CPU seconds: micro-kernel + tiles driver + epilogue {out[0]}, "
+          f"small-product driver {out[1]}, batched driver {out[2]}")
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--group", nargs="+", choices=["square", "linear", "small", "gelu"],
+    p.add_argument("--group", nargs="+",
+                   choices=["square", "linear", "small", "small-shapes", "gelu"],
                    default=["square", "linear", "small", "gelu"])
     p.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "float64"])
     p.add_argument("--threads", nargs="+", type=int, help="Numba thread counts (default: all)")

@@ -60,3 +60,30 @@ CASES += [
          out_like=_shape, flops=_flops, requires=("linear",), tol=(1e-4, 1e-10),
          baseline_name="numpy + scipy erfc"),
 ]
+
+
+# --- stacks of small products (the non-packing small-product route) --------
+
+def _setup_small(n, dtype, rng):
+    # about n elements per operand as a stack of 32 x 32 matrices
+    batch = max(1, n // 1024)
+    return tuple(rng.standard_normal((batch, 32, 32)).astype(dtype) for _ in range(2))
+
+
+def _shape_small(inputs):
+    a, b = inputs
+    return a.shape, a.dtype
+
+
+def _flops_small(inputs):
+    a, b = inputs
+    return 2 * a.shape[0] * 32 ** 3
+
+
+CASES += [
+    Case("matmul_small_batched", _setup_small,
+         lambda a, b, out: nbops.matmul(a, b, out=out),
+         lambda a, b, out: np.matmul(a, b, out=out), out_like=_shape_small,
+         flops=_flops_small, requires=("matmul",), tol=(1e-4, 1e-12),
+         baseline_name="numpy (BLAS per product)"),
+]
