@@ -308,12 +308,12 @@ def test_multihead_attention_errors(kwargs, exc, text):
 
 
 def test_multihead_attention_bad_masks():
-    m = nn.MultiheadAttention(4, 2, rng=0)
-    x = np.zeros((2, 3, 4), np.float32)
+    m = nn.MultiheadAttention(4, 2, dtype=np.float64, rng=0)   # float64: no new signatures
+    x = np.zeros((2, 3, 4))
     with nbops.no_grad():
         with pytest.raises(ValueError, match="'key_padding_mask' must have shape"):
             m(x, x, x, key_padding_mask=np.zeros((2, 4), bool))
-        with pytest.raises(TypeError, match="'attn_mask' must be bool or float32"):
+        with pytest.raises(TypeError, match="'attn_mask' must be bool or float64"):
             m(x, x, x, attn_mask=np.zeros((3, 3), np.int64))
         with pytest.raises(ValueError, match="'key' must have 4 features"):
             m(x, x[..., :3], x)
