@@ -339,3 +339,23 @@ def _backward_tiles(L, S, D, N, dtype):
 
 
 scaled_dot_product_attention.backward = _attention_rule
+
+
+# ---------------------------------------------------------------------------
+# Pre-tuning shapes for ``python -m nbops tune``
+
+#: (batch*heads, L, D) tuned by ``python -m nbops tune``; the first group
+#: also with ``--quick``.
+TUNE_SHAPES = ([(32, 512, 64), (32, 1024, 64)], [(32, 2048, 64), (16, 1024, 128)])
+
+
+def _tune_attention(dtype, quick):
+    rng = np.random.default_rng(0)
+    for n, L, D in TUNE_SHAPES[0] + ([] if quick else TUNE_SHAPES[1]):
+        q, k, v = (rng.standard_normal((n, L, D)).astype(dtype) for _ in range(3))
+        scaled_dot_product_attention(q, k, v)
+
+
+_autotune.register_tuning(
+    "attention", _tune_attention,
+    lambda: f"attention query/key tile sizes, {sum(map(len, TUNE_SHAPES))} shapes")
