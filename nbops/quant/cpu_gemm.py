@@ -54,7 +54,7 @@ view (same bits).
 Convolutions (:func:`conv2d_op`) are implicit GEMMs with the weights as A
 (packed once per group, unsigned) and the unfolded input as B: the input is
 padded with its zero point, then unfolded and packed in one pass
-(``_pack_conv_kernel``: per column sliver, runs of pixels along output rows
+(``_pack_conv_sliver``, inside the product's tasks: per column sliver, runs of pixels along output rows
 read with unit stride and combined four taps to a word with shifts).
 
 Packing kernels index through slices: Numba tests every signed index for
@@ -279,64 +279,60 @@ def _pack_rows_kernel(b, off, ldb, k, n, flip, bw, colsum):
             colsum[jr * NR + j] = cs[j]
 
 
-@cpu_kernel(parallel=True)
-def _pack_conv_kernel(xp, kbase, sh, st_h, st_w, oh_n, ow_n, k, flip, bw, colsum):
-    # im2col and packing in one pass: bw[jr][q][j] is the int32 word of rows
-    # kk = 4q..4q+3 of the implicit GEMM's B at pixel jr*NR + j, where
-    # B[kk, p] = xp[kbase[kk] + oh*st_h*sh + ow*st_w] over the already padded
-    # input (so no bounds tests; kbase[kk] is the offset of tap kk's channel
-    # and kernel position). A sliver's pixels split into runs along output
-    # rows, found once per sliver; each run is a strided (for stride 1
-    # contiguous) read, combined into the words with shifts
+@register_jitable
+def _pack_conv_sliver(xp, kbase, sh, st_h, st_w, ow_n, npix, k, flip, jr, bw, colsum):
+    # im2col and packing of one column sliver in one pass: bw[q][j] is the
+    # int32 word of rows kk = 4q..4q+3 of the implicit GEMM's B at pixel
+    # jr*NR + j, where B[kk, p] = xp[kbase[kk] + oh*st_h*sh + ow*st_w] over
+    # the already padded input (so no bounds tests; kbase[kk] is the offset
+    # of tap kk's channel and kernel position). The sliver's pixels split
+    # into runs along output rows, found once; each run is a strided (for
+    # stride 1 contiguous) read, combined into the words with shifts
     kq = (k + 3) // 4
-    npix = oh_n * ow_n
-    njr = (npix + NR - 1) // NR
-    for jr in prange(njr):
-        p0 = jr * NR
-        cols = min(NR, npix - p0)
-        run_j = np.empty(NR, np.int64)
-        run_n = np.empty(NR, np.int64)
-        run_src = np.empty(NR, np.int64)
-        nrun = 0
-        p = p0
-        while p < p0 + cols:
-            oh = p // ow_n
-            ow = p - oh * ow_n
-            seg = min(p0 + cols - p, ow_n - ow)
-            run_j[nrun] = p - p0
-            run_n[nrun] = seg
-            run_src[nrun] = oh * st_h * sh + ow * st_w
-            nrun += 1
-            p += seg
-        cs = np.zeros(NR, np.int32)
-        word = np.empty(NR, np.int32)
-        for q in range(kq):
-            word[:] = 0
-            for t in range(min(4, k - 4 * q)):
-                b0 = kbase[4 * q + t]
-                shift = 8 * t
-                for g in range(nrun):
-                    jj = run_j[g]
-                    seg = run_n[g]
-                    src = b0 + run_src[g]
-                    wseg = word[jj:jj + seg]
-                    cseg = cs[jj:jj + seg]
-                    if st_w == 1:
-                        row = xp[src:src + seg]
-                        for e in range(seg):
-                            v = np.int32(row[e] ^ flip)
-                            wseg[e] |= v << shift
-                            cseg[e] += v - ((v & 0x80) << 1)
-                    else:
-                        row = xp[src:src + (seg - 1) * st_w + 1]
-                        for e in range(seg):
-                            v = np.int32(row[e * st_w] ^ flip)
-                            wseg[e] |= v << shift
-                            cseg[e] += v - ((v & 0x80) << 1)
-            dst = (jr * kq + q) * NR
-            bw[dst:dst + NR] = word
-        for j in range(cols):
-            colsum[p0 + j] = cs[j]
+    p0 = jr * NR
+    cols = min(NR, npix - p0)
+    run_j = np.empty(NR, np.int64)
+    run_n = np.empty(NR, np.int64)
+    run_src = np.empty(NR, np.int64)
+    nrun = 0
+    p = p0
+    while p < p0 + cols:
+        oh = p // ow_n
+        ow = p - oh * ow_n
+        seg = min(p0 + cols - p, ow_n - ow)
+        run_j[nrun] = p - p0
+        run_n[nrun] = seg
+        run_src[nrun] = oh * st_h * sh + ow * st_w
+        nrun += 1
+        p += seg
+    cs = np.zeros(NR, np.int32)
+    word = np.empty(NR, np.int32)
+    for q in range(kq):
+        word[:] = 0
+        for t in range(min(4, k - 4 * q)):
+            b0 = kbase[4 * q + t]
+            shift = 8 * t
+            for g in range(nrun):
+                jj = run_j[g]
+                seg = run_n[g]
+                src = b0 + run_src[g]
+                wseg = word[jj:jj + seg]
+                cseg = cs[jj:jj + seg]
+                if st_w == 1:
+                    row = xp[src:src + seg]
+                    for e in range(seg):
+                        v = np.int32(row[e] ^ flip)
+                        wseg[e] |= v << shift
+                        cseg[e] += v - ((v & 0x80) << 1)
+                else:
+                    row = xp[src:src + (seg - 1) * st_w + 1]
+                    for e in range(seg):
+                        v = np.int32(row[e * st_w] ^ flip)
+                        wseg[e] |= v << shift
+                        cseg[e] += v - ((v & 0x80) << 1)
+        bw[q * NR:(q + 1) * NR] = word
+    for j in range(cols):
+        colsum[p0 + j] = cs[j]
 
 
 def _words(nbytes):
@@ -374,34 +370,6 @@ def pack_b(b8, off, sbk, sbn, k, n, flip):
     else:
         words[:] = 0
         colsum[:] = 0
-    return words, colsum
-
-
-def pack_im2col(x8, cg, hgt, wid, kh, kw, stride, padding, dilation, oh, ow, flip,
-                pad_value):
-    """Pack the implicit-GEMM operand of a convolution (one image, one group)
-    straight from the input: ``x8`` is the group's (cg, H, W) C-contiguous
-    uint8 input; it is padded with ``pad_value`` (the input's zero point)
-    first, when there is padding, then unfolded and packed in one pass.
-    Returns ``(bpack, colsum)`` over k = cg*kh*kw rows and oh*ow columns."""
-    k = cg * kh * kw
-    n = oh * ow
-    kq = (k + 3) // 4
-    words = np.empty(((n + NR - 1) // NR) * kq * NR, np.int32)
-    colsum = np.empty(n, np.int32)
-    if not (n and k):
-        words[:] = 0
-        colsum[:] = 0
-        return words, colsum
-    xp = x8.reshape(cg, hgt, wid)
-    if padding != (0, 0):
-        xp = np.pad(xp, ((0, 0), (padding[0],) * 2, (padding[1],) * 2),
-                    constant_values=np.uint8(pad_value & 0xFF))
-    hp, wp = xp.shape[1], xp.shape[2]
-    c, i, j = np.unravel_index(np.arange(k), (cg, kh, kw))
-    kbase = (c * hp * wp + i * dilation[0] * wp + j * dilation[1]).astype(np.int64)
-    _pack_conv_kernel(xp.reshape(-1), kbase, wp, stride[0], stride[1], oh, ow, k,
-                      np.uint8(flip), words, colsum)
     return words, colsum
 
 
@@ -505,6 +473,31 @@ def _gemm_t(apk, rowsum, za, bpk, colsum, zb, m, n, k, oi, ob, of, ldo, mode, bi
                           pi, pf)
 
 
+def _conv_t(xp, kbase, sh, st_h, st_w, oh_n, ow_n, flip, apk, rowsum, za, zb, colsum, m, k,
+            oi, ob, of, mode, bias, mult, shift, ozp, qmin, qmax, fscale, fbias, nthreads):
+    # one image and group of a convolution: each task packs its column
+    # slivers of the implicit GEMM's B itself (one parallel region, and the
+    # sliver is in L1 when every row tile of the weights runs over it)
+    kq = (k + 3) // 4
+    npix = oh_n * ow_n
+    nir = (m + MR - 1) // MR
+    njr = (npix + NR - 1) // NR
+    ntask = max(1, min(njr, TASKS_PER_THREAD * nthreads))
+    per = (njr + ntask - 1) // ntask
+    for t in prange(ntask):
+        tile = np.empty(MR * NR, np.int32)
+        pi = np.empty((3, NR), np.int64)
+        pf = np.empty((2, NR), np.float64)
+        bw = np.empty(kq * NR, np.int32)
+        for jr in range(t * per, min(njr, (t + 1) * per)):
+            _pack_conv_sliver(xp, kbase, sh, st_h, st_w, ow_n, npix, k, flip, jr, bw, colsum)
+            for ir in range(nir):
+                _micro(kq, apk, ir * kq * MR, bw, 0, tile)
+                _epilogue(tile, ir * MR, jr * NR, m, npix, k, rowsum, za, colsum, zb, oi, ob,
+                          of, npix, mode, bias, mult, shift, ozp, qmin, qmax, fscale, fbias, 1,
+                          pi, pf)
+
+
 def _make_driver(kind):
     import types as pytypes
 
@@ -517,9 +510,12 @@ def _make_driver(kind):
     name = f"qgemm_{kind}"
     epi = pytypes.FunctionType(_epilogue_t.__code__, scope, f"{name}_epilogue")
     scope["_epilogue"] = register_jitable(epi)
-    fn = pytypes.FunctionType(_gemm_t.__code__, scope, name)
-    fn.__qualname__ = name
-    return cpu_kernel(fn, parallel=True)
+    made = []
+    for template, fname in ((_gemm_t, name), (_conv_t, f"{name}_conv")):
+        fn = pytypes.FunctionType(template.__code__, scope, fname)
+        fn.__qualname__ = fname
+        made.append(cpu_kernel(fn, parallel=True))
+    return tuple(made)
 
 
 _DRIVERS = {}
@@ -530,11 +526,24 @@ _EMPTY = {t: np.empty(0, t) for t in _OUT_TYPES}
 def driver(kind=None):
     """The parallel product kernel for ``kind`` ("vnni" or "portable";
     default: the host's), built on first use."""
+    return _drivers(kind)[0]
+
+
+def _drivers(kind=None):
+    """(product, conv) parallel kernels for ``kind``, built on first use."""
     kind = kind or ("vnni" if has_vnni() else "portable")
     d = _DRIVERS.get(kind)
     if d is None:
         d = _DRIVERS[kind] = _make_driver(kind)
     return d
+
+
+def _outs(out):
+    """The (int32, uint8, float32) output arguments of the drivers: ``out``
+    flat in its slot, empty arrays in the others (one compiled signature
+    for every output type)."""
+    flat = out.reshape(-1)
+    return [flat if flat.dtype == t else _EMPTY[t] for t in _OUT_TYPES]
 
 
 def gemm(apk, rowsum, za, bpk, colsum, zb, m, n, k, out, mode, bias, mult, shift, ozp,
@@ -551,10 +560,7 @@ def gemm(apk, rowsum, za, bpk, colsum, zb, m, n, k, out, mode, bias, mult, shift
     """
     if out.size == 0:
         return out
-    # one compiled signature for every output type: the unused two are empty
-    flat = out.reshape(-1)
-    outs = [flat if flat.dtype == t else _EMPTY[t] for t in _OUT_TYPES]
-    driver(kind)(apk, rowsum, za, bpk, colsum, zb, m, n, k, *outs, n, mode, bias, mult,
+    driver(kind)(apk, rowsum, za, bpk, colsum, zb, m, n, k, *_outs(out), n, mode, bias, mult,
                  shift, ozp, qmin, qmax, fscale, fbias, int(bool(per_row)), MC,
                  get_num_threads())
     return out
@@ -614,19 +620,32 @@ def conv2d_op(x8, flip_x, xzp, pw, geom, ohw, out, epi):
     bflip = flip_x ^ 0x80
     zb = np.full(npix, int(xzp) - (128 if bflip else 0), np.int32)
     mode, bias, mult, shift, ozp, qmin, qmax, fscale, fbias, _ = epi
-    xflat = x8.reshape(-1)
+    if out.size == 0:
+        return out
+    # the input padded once with its zero point: the packer then reads
+    # without bounds tests
+    xp = x8.reshape(nimg, c, hgt, wid)
+    if pad != (0, 0):
+        xp = np.pad(xp, ((0, 0), (0, 0), (pad[0],) * 2, (pad[1],) * 2),
+                    constant_values=np.uint8(int(xzp) & 0xFF))
+    hp, wp = int(xp.shape[2]), int(xp.shape[3])
+    ci, ii, ji = np.unravel_index(np.arange(k), (cg, kh, kw))
+    kbase = (ci * hp * wp + ii * dil[0] * wp + ji * dil[1]).astype(np.int64)
+    xflat = xp.reshape(-1)
     outg = out.reshape(nimg, g, ocg, npix)
+    colsum = np.empty(npix, np.int32)
+    run = _drivers()[1]
+    threads = get_num_threads()
     for img in range(nimg):
         for gi in range(g):
-            base = (img * c + gi * cg) * hgt * wid
-            bpk, cs = pack_im2col(xflat[base:base + cg * hgt * wid], cg, hgt, wid, kh, kw, st,
-                                  pad, dil, oh, ow, bflip, int(xzp))
+            base = (img * c + gi * cg) * hp * wp
             sl = slice(gi * ocg, (gi + 1) * ocg)
 
             def part(v):
                 return v[sl] if v.size else v
 
-            gemm(pw.words[gi], pw.sums[gi], za[sl], bpk, cs, zb, ocg, npix, k, outg[img, gi],
-                 mode, part(bias), part(mult), part(shift), ozp, qmin, qmax, part(fscale),
-                 part(fbias), per_row=True)
+            run(xflat[base:base + cg * hp * wp], kbase, wp, st[0], st[1], oh, ow,
+                np.uint8(bflip), pw.words[gi], pw.sums[gi], za[sl], zb, colsum, ocg, k,
+                *_outs(outg[img, gi]), mode, part(bias), part(mult), part(shift), ozp, qmin,
+                qmax, part(fscale), part(fbias), threads)
     return out
