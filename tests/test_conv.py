@@ -163,7 +163,8 @@ def test_conv2d_default_blocks_cross_edges():
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_conv1d(device):
     rng = np.random.default_rng(1)
-    for (n, c, ln, co, k, s, p, d, g) in [(2, 4, 11, 6, 3, 2, 1, 1, 2), (1, 3, 9, 3, 5, 1, "same", 1, 3),
+    for (n, c, ln, co, k, s, p, d, g) in [(2, 4, 11, 6, 3, 2, 1, 1, 2),
+                                          (1, 3, 9, 3, 5, 1, "same", 1, 3),
                                           (1, 2, 7, 4, 2, 1, 0, 3, 1)]:
         x = rng.standard_normal((n, c, ln))
         w = rng.standard_normal((co, c // g, k))
@@ -315,7 +316,8 @@ ERRORS = [
     (dict(x=X4, weight=np.zeros((6, 2, 3, 8)), groups=2, padding=(0, 1)), ValueError,
      "kernel width of 'weight' spans 8"),
     (dict(x=X4, weight=W4, groups=2, stride=1.5), TypeError, "'stride' must be an int"),
-    (dict(x=X4, weight=W4, groups=2, bias=np.zeros(5)), ValueError, r"'bias' must have shape \(6,\)"),
+    (dict(x=X4, weight=W4, groups=2, bias=np.zeros(5)), ValueError,
+     r"'bias' must have shape \(6,\)"),
     (dict(x=X4.astype(np.float32), weight=W4, groups=2), TypeError, "'x' is float32 but 'weight'"),
     (dict(x=X4.astype(np.int64), weight=W4, groups=2), TypeError, "'x' must be a float32"),
     (dict(x=X4, weight=W4, groups=2, out=np.zeros((1, 6, 3, 4))), ValueError,
@@ -335,7 +337,8 @@ def test_conv1d_and_fused_errors():
     with pytest.raises(ValueError, match="conv1d: kernel of 'weight' spans 6"):
         nbops.conv1d(np.zeros((1, 2, 5)), np.zeros((2, 2, 6)))
     c = np.ones(6)
-    with pytest.raises(ValueError, match=r"conv_bn_relu: argument 'bn_var' must have shape \(6,\)"):
+    with pytest.raises(ValueError,
+                       match=r"conv_bn_relu: argument 'bn_var' must have shape \(6,\)"):
         nbops.conv_bn_relu(X4, W4, None, c, np.ones(5), c, c, groups=2)
     with pytest.raises(ValueError, match="conv_bn: argument 'eps' must be > 0"):
         nbops.conv_bn(X4, W4, None, c, c, c, c, eps=0.0, groups=2)

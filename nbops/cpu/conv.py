@@ -100,7 +100,9 @@ def _igemm(xf, wf, wscale, bias, of, geo, act, NC, KC):
     mch = 1
     if n_img * G * nj < TASKS_PER_THREAD * threads:
         mch = min(nir, -(-TASKS_PER_THREAD * threads // (n_img * G * nj)))
-    _igemm_drivers(of.dtype)(xf, apk, bias, of, geo, ncol, nj, mch, act, of.dtype.type(0))
+    nchunks = min(n_img * G * nj * mch, threads)
+    _igemm_drivers(of.dtype)(xf, apk, bias, of, geo, ncol, nj, mch, act, of.dtype.type(0),
+                             nchunks)
 
 
 @cpu_kernel(parallel=True)
@@ -230,7 +232,7 @@ def _pack_cols_t(xf, xoff, geo, pc, kc, jc, nc, bpack, line, zero):
                 bpack[jr, p, i] = line[l0 + i]
 
 
-def _igemm_t(xf, apk, bias, of, geo, ncol, nj, mch, act, zero):
+def _igemm_t(xf, apk, bias, of, geo, ncol, nj, mch, act, zero, nchunks):
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
     n_img = xf.size // (C * H * W)
     cg, mg = C // G, CO // G
@@ -239,49 +241,55 @@ def _igemm_t(xf, apk, bias, of, geo, ncol, nj, mch, act, zero):
     nk, nir, kcap = apk.shape[1], apk.shape[2], apk.shape[3]
     per_m = (nir + mch - 1) // mch
     nnr_max = (min(ncol, p_all) + NR - 1) // NR
-    for t in prange(n_img * G * nj * mch):
-        mi = t % mch
-        rest = t // mch
-        jb = rest % nj
-        rest = rest // nj
-        g = rest % G
-        n = rest // G
-        ir0 = mi * per_m
-        ir1 = min(nir, ir0 + per_m)
-        jc = jb * ncol
-        nc = min(ncol, p_all - jc)
-        if ir0 < ir1 and nc > 0:
-            bpack = np.empty((nnr_max, kcap, NR), of.dtype)
-            line = np.empty(nnr_max * NR, of.dtype)
-            scratch = np.empty(MR * NR, of.dtype)
-            s_ld = scratch.size // MR
-            s_off = 0 * s_ld
-            xoff = (n * C + g * cg) * H * W
-            c_base = (n * CO + g * mg) * p_all + jc
-            for q in range(nk):
-                pc = q * kcap
-                kc = min(kcap, k - pc)
-                first = q == 0
-                _pack_cols(xf, xoff, geo, pc, kc, jc, nc, bpack, line, zero)
-                for jr in range((nc + NR - 1) // NR):
-                    cols = min(NR, nc - jr * NR)
-                    for ir in range(ir0, ir1):
-                        rows = min(MR, mg - ir * MR)
-                        coff = c_base + ir * MR * p_all + jr * NR
-                        if rows == MR and cols == NR:
-                            _micro(kc, apk[g, q, ir], bpack[jr], of, coff, p_all, first, zero)
-                        else:
-                            _micro(kc, apk[g, q, ir], bpack[jr], scratch, s_off, s_ld,
-                                   s_ld > 0, zero)
-                            for i in range(rows):
-                                for j in range(cols):
-                                    if first:
-                                        of[coff + i * p_all + j] = scratch[i * NR + j]
-                                    else:
-                                        of[coff + i * p_all + j] += scratch[i * NR + j]
-                        if q == nk - 1:
-                            _epilogue_rows(of, coff, p_all, rows, cols, bias,
-                                           g * mg + ir * MR, act, zero)
+    ntasks = n_img * G * nj * mch
+    # prange splits statically: one chunk of consecutive tasks per thread,
+    # its panels allocated once (a fresh 200 KiB panel per task was an mmap
+    # and page faults each time)
+    for c in prange(nchunks):
+        bpack = np.empty((nnr_max, kcap, NR), of.dtype)
+        line = np.empty(nnr_max * NR, of.dtype)
+        scratch = np.empty(MR * NR, of.dtype)
+        for t in range(c * ntasks // nchunks, (c + 1) * ntasks // nchunks):
+            mi = t % mch
+            rest = t // mch
+            jb = rest % nj
+            rest = rest // nj
+            g = rest % G
+            n = rest // G
+            ir0 = mi * per_m
+            ir1 = min(nir, ir0 + per_m)
+            jc = jb * ncol
+            nc = min(ncol, p_all - jc)
+            if ir0 < ir1 and nc > 0:
+                s_ld = scratch.size // MR
+                s_off = 0 * s_ld
+                xoff = (n * C + g * cg) * H * W
+                c_base = (n * CO + g * mg) * p_all + jc
+                for q in range(nk):
+                    pc = q * kcap
+                    kc = min(kcap, k - pc)
+                    first = q == 0
+                    _pack_cols(xf, xoff, geo, pc, kc, jc, nc, bpack, line, zero)
+                    for jr in range((nc + NR - 1) // NR):
+                        cols = min(NR, nc - jr * NR)
+                        for ir in range(ir0, ir1):
+                            rows = min(MR, mg - ir * MR)
+                            coff = c_base + ir * MR * p_all + jr * NR
+                            if rows == MR and cols == NR:
+                                _micro(kc, apk[g, q, ir], bpack[jr], of, coff, p_all, first,
+                                       zero)
+                            else:
+                                _micro(kc, apk[g, q, ir], bpack[jr], scratch, s_off, s_ld,
+                                       s_ld > 0, zero)
+                                for i in range(rows):
+                                    for j in range(cols):
+                                        if first:
+                                            of[coff + i * p_all + j] = scratch[i * NR + j]
+                                        else:
+                                            of[coff + i * p_all + j] += scratch[i * NR + j]
+                            if q == nk - 1:
+                                _epilogue_rows(of, coff, p_all, rows, cols, bias,
+                                               g * mg + ir * MR, act, zero)
 
 
 _DRIVERS = {}
