@@ -3,13 +3,16 @@
     python tools/bench_gemm.py                 # all groups, float32, all threads
     python tools/bench_gemm.py --group square --threads 1 2
     python tools/bench_gemm.py --group small small-shapes --dtype float32 float64
-    python tools/bench_gemm.py --asm           # instruction mix of the micro-kernel
+    python tools/bench_gemm.py --asm           # instruction mix of the micro-kernel and small tiles
     python tools/bench_gemm.py --compile-time  # cold compile, in a fresh cache
 
 Prints GFLOP/s (2 m n k per product) and the ratio to NumPy measured in the
 same run: the libraries are interleaved round by round, with a short pause
 before each timed block (thread pools that spin would otherwise steal the
-cores), and the median of the rounds counts. Tuning is off
+cores), and the median of the rounds counts. On a machine shared with
+other jobs, ``OMP_WAIT_POLICY=passive`` keeps idle OpenMP workers from
+spinning against the measured threads (it doubled nbops' wall-clock
+figures for the small stacks at a load of 3 on 2 cores). Tuning is off
 (``NBOPS_AUTOTUNE=0``) unless ``--tuned``: "nbops" is the default config.
 """
 
@@ -148,6 +151,22 @@ def asm_report(dtype):
     print(f"{dtype} micro-kernel {linalg.TILES[np.dtype(dtype)]}: FMA instructions {dict(fma)}, "
           f"accumulator widths {dict(widths)}, embedded broadcasts {bcast}, "
           f"stack references {spills}")
+    # the small-product route's tiles: the k loop is the block with most FMAs
+    mr, nr, nn = linalg.SMALL_TILES[np.dtype(dtype)]
+    a1, ip = types.Array(nt, 1, "C"), types.intp
+    for width in (nr, nn):
+        name, src = linalg._small_tile_source(mr, width)
+        tile = numba.njit(nogil=True, fastmath=set(_jit.FASTMATH), error_model="numpy")(
+            linalg.generated(src, name, linalg._unsigned_scope(max(mr, width))))
+        _jit._compile_with_slp(tile)
+        tile.compile((a1, ip, ip, ip, ip, a1, ip, ip, ip, a1, ip, ip, nt))
+        loop = max(re.split(r"\n\.LBB", tile.inspect_asm(tile.signatures[0])),
+                   key=lambda block: block.count("vfmadd"))
+        fma = collections.Counter(re.findall(r"\b(vfmadd\w+)\s", loop))
+        widths = collections.Counter(re.findall(r"vfmadd\w+\s[^\n]*%([xyz]mm)\d+\s*$", loop,
+                                                re.M))
+        print(f"{dtype} small tile {mr}x{width}, k loop: FMA instructions {dict(fma)}, widths "
+              f"{dict(widths)}, stack references {loop.count('rsp')}")
 
 
 def compile_time(dtype):
