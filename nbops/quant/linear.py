@@ -91,7 +91,7 @@ def matmul_integer(a, b, a_zero_point=0, b_zero_point=0, out=None):
     >>> a = np.array([[1, 2], [3, 4]], np.uint8); b = np.array([[1, -1], [2, 0]], np.int8)
     >>> nbops.quant.matmul_integer(a, b, a_zero_point=1)
     array([[ 2,  0],
-           [ 6, -2]], dtype=int32)
+           [ 8, -2]], dtype=int32)
     """
     op = "quant.matmul_integer"
     _int8_array(op, "a", a)
@@ -296,7 +296,7 @@ def linear_dynamic(x, w, bias=None):
     -------
     >>> w = nbops.quant.pack_weight(QTensor(np.array([[64, -64]], np.int8), 1 / 64, 0))
     >>> nbops.quant.linear_dynamic(np.array([[1.0, 0.5]], np.float32), w)
-    array([[0.49803922]], dtype=float32)
+    array([[0.5019608]], dtype=float32)
     """
     op = "quant.linear_dynamic"
     if isinstance(x, QTensor) or (hasattr(x, "dtype") and x.dtype in _QDTYPES):
