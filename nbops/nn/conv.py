@@ -124,7 +124,6 @@ class FusedConv(Module):
             if bn.running_mean is None:
                 raise ValueError("FusedConv: the batch norm keeps no running statistics "
                                  "(track_running_stats=False); it cannot be folded")
-            bn._sync_buffers()
             dev = _dispatch.device_of_array(weight)
             ones = np.ones(bn.num_features, weight.dtype)
             gamma = bn.weight.data if bn.weight is not None else (

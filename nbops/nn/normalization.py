@@ -1,13 +1,13 @@
 """Normalization layers: BatchNorm1d, BatchNorm2d, LayerNorm and RMSNorm, with
 PyTorch's attribute names and semantics.
 
-Batch norm's running statistics are *buffers*, not parameters: plain arrays
-(``running_mean``, ``running_var``, the int64 counter
-``num_batches_tracked``) that no optimizer sees. :class:`Module` has no
-buffer registry yet, so each batch-norm layer adds its buffers to its own
-``state_dict()``/``load_state_dict()`` and moves them with its parameters
-(``to()`` on the layer, or lazily to the weights' device after ``to()`` on
-a parent model).
+Batch norm's running statistics are *buffers*
+(:meth:`~nbops.nn.Module.register_buffer`), not parameters: ``running_mean``
+and ``running_var`` (C,) of the layer's dtype and the int64 0-d counter
+``num_batches_tracked``, which no optimizer sees. They follow the weights in
+``state_dict()`` under PyTorch's names (``1.running_mean``), are restored by
+``load_state_dict``/``load`` and move with ``to()`` on the layer or on any
+model that holds it.
 """
 
 import numbers
@@ -19,8 +19,6 @@ from .layers import _dtype, _operands
 from .module import Module, Parameter
 
 __all__ = ["BatchNorm1d", "BatchNorm2d", "LayerNorm", "RMSNorm"]
-
-_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 
 
 class _BatchNorm(Module):
@@ -49,22 +47,22 @@ class _BatchNorm(Module):
         c = self.num_features
         self.weight = Parameter(np.ones(c, dtype)) if affine else None
         self.bias = Parameter(np.zeros(c, dtype)) if affine else None
-        if self.track_running_stats:
-            self.running_mean = np.zeros(c, dtype)
-            self.running_var = np.ones(c, dtype)
-            self.num_batches_tracked = np.zeros((), np.int64)
-        else:
-            self.running_mean = self.running_var = self.num_batches_tracked = None
+        track = self.track_running_stats
+        # as PyTorch: registered as None when not tracked, so the names exist
+        # and state_dict() leaves them out
+        self.register_buffer("running_mean", np.zeros(c, dtype) if track else None)
+        self.register_buffer("running_var", np.ones(c, dtype) if track else None)
+        self.register_buffer("num_batches_tracked", np.zeros((), np.int64) if track else None)
 
     def reset_running_stats(self):
+        """Running mean 0, running variance 1, counter 0, on the buffers' device."""
         if self.track_running_stats:
-            self._sync_buffers()
-            dev = _dispatch.device_of_array(self.running_mean)
-            fresh = (np.zeros(self.num_features, self.running_mean.dtype),
-                     np.ones(self.num_features, self.running_var.dtype))
-            self.running_mean, self.running_var = (
-                a if dev == _dispatch.CPU else _dispatch.to_device(a) for a in fresh)
-            self.num_batches_tracked = np.zeros((), np.int64)
+            for name, fill in (("running_mean", 0), ("running_var", 1),
+                               ("num_batches_tracked", 0)):
+                cur = getattr(self, name)
+                fresh = np.full(cur.shape, fill, cur.dtype)
+                setattr(self, name, fresh if isinstance(cur, np.ndarray)
+                        else _dispatch.to_device(fresh))
 
     def forward(self, x):
         name = type(self).__name__
@@ -72,12 +70,11 @@ class _BatchNorm(Module):
         if ndim not in self._ranks:
             raise ValueError(f"{name}: expected a {' or '.join(f'{r}-D' for r in self._ranks)} "
                              f"input, got shape {tuple(getattr(x, 'shape', ()))}")
-        self._sync_buffers()
         momentum = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats:
-            self.num_batches_tracked += 1
+            count = self._count_batch()
             if self.momentum is None:  # cumulative moving average
-                momentum = 1.0 / float(self.num_batches_tracked)
+                momentum = 1.0 / count
         # as PyTorch: batch statistics in training, and also in evaluation
         # when no running statistics are kept
         use_batch = self.training or self.running_mean is None
@@ -87,58 +84,16 @@ class _BatchNorm(Module):
             x, self.running_mean if keep else None, self.running_var if keep else None,
             weight, bias, training=use_batch, momentum=momentum, eps=self.eps)
 
-    def _sync_buffers(self):
-        # Module.to() moves parameters only: follow the weights' device
-        if self.running_mean is None or self.weight is None:
-            return
-        dev = self.weight.device
-        if _dispatch.device_of_array(self.running_mean) != dev:
-            self._move_buffers(dev)
-
-    def _move_buffers(self, device):
-        move = _dispatch.to_device if device == _dispatch.CUDA else _dispatch.to_host
-        if self.running_mean is not None:
-            self.running_mean = move(self.running_mean)
-            self.running_var = move(self.running_var)
-
-    def to(self, device):
-        super().to(device)
-        self._move_buffers(device)
-        return self
-
-    def state_dict(self):
-        """Parameters, then the buffers running_mean, running_var and
-        num_batches_tracked (when tracked), as PyTorch orders them."""
-        state = super().state_dict()
-        if self.track_running_stats:
-            for k in _BUFFERS:
-                state[k] = getattr(self, k)
-        return state
-
-    def load_state_dict(self, state, strict=True):
-        """As :meth:`Module.load_state_dict`, plus the buffers (copied, cast
-        to their dtype, on their device)."""
-        names = _BUFFERS if self.track_running_stats else ()
-        own = {k: state[k] for k in names if k in state}
-        if strict and len(own) != len(names):
-            raise KeyError(f"load_state_dict: {type(self).__name__}: missing keys "
-                           f"{[k for k in names if k not in own]}")
-        for k, v in own.items():
-            host = np.asarray(_dispatch.to_host(v) if _dispatch.is_device_array(v) else v)
-            want = () if k == "num_batches_tracked" else (self.num_features,)
-            if tuple(host.shape) != want:
-                raise ValueError(f"load_state_dict: '{k}' has shape {tuple(host.shape)}, "
-                                 f"expected {want}")
-        missing, unexpected = super().load_state_dict(
-            {k: v for k, v in state.items() if k not in names}, strict=strict)
-        for k, v in own.items():
-            host = np.asarray(_dispatch.to_host(v) if _dispatch.is_device_array(v) else v)
-            cur = getattr(self, k)
-            value = np.array(host, dtype=cur.dtype, copy=True)
-            if _dispatch.device_of_array(cur) == _dispatch.CUDA:
-                value = _dispatch.to_device(value)
-            setattr(self, k, value)
-        return missing, unexpected
+    def _count_batch(self):
+        n = self.num_batches_tracked
+        if isinstance(n, np.ndarray):
+            n += 1
+            return int(n)
+        # on the GPU the counter is one element: a round trip per training
+        # step, the same synchronisation PyTorch's momentum=None path makes
+        count = np.array(_dispatch.to_host(n) + 1, np.int64)
+        self.num_batches_tracked = _dispatch.to_device(count)
+        return int(count)
 
     def extra_repr(self):
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
@@ -153,8 +108,12 @@ class BatchNorm1d(_BatchNorm):
     ``affine`` (learnable ``weight``/``bias``, initialised to 1 and 0),
     ``track_running_stats``, ``dtype`` (float32 or float64). In training
     mode (``train()``) it normalises with the batch's statistics and updates
-    ``running_mean``/``running_var`` (unbiased variance); in ``eval()`` mode
-    it uses them. Raises ValueError for bad sizes or input ranks.
+    ``running_mean``/``running_var`` (unbiased variance) in place and counts
+    ``num_batches_tracked``; in ``eval()`` mode it uses them. These three
+    are buffers: (C,) arrays of ``dtype`` and an int64 0-d array, in
+    ``state_dict()`` after ``weight``/``bias``, moved by ``to()``; None
+    (and left out of ``state_dict()``) when ``track_running_stats=False``.
+    Raises ValueError for bad sizes or input ranks.
 
     >>> bn = nbops.nn.BatchNorm1d(3)
     >>> with nbops.no_grad():
