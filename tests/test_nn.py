@@ -1,4 +1,4 @@
-"""nn: Module API (PyTorch state names, npz round trip, modes), layers
+"""nn: Module API (PyTorch state names, buffers, npz round trip, modes), layers
 against NumPy references, losses against references with every error path,
 and training: an MLP with a learnable Swish reaches 95% with Adam on the CPU,
 and the same model takes steps on CUDA."""
@@ -173,6 +173,168 @@ def test_gradcheck_through_a_model(device):
         return nn.cross_entropy(nbops.linear(h, w2, b2), target)
 
     assert gradcheck(loss, list(model.parameters()))
+
+# ---------------------------------------------------------------------------
+# Buffers
+
+
+class Stats(nn.Module):
+    """Own buffers (one not persistent) beside children that hold a batch norm."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", np.full(3, 2.0, np.float32))
+        self.features = nn.Sequential(nn.Conv2d(1, 3, 1, rng=0), nn.BatchNorm2d(3), nn.ReLU())
+        self.register_buffer("cache", np.zeros(3, np.float32), persistent=False)
+        self.head = nn.Linear(3, 2, rng=1)
+
+
+# PyTorch's order: each module's parameters, then its persistent buffers,
+# module by module depth first
+STATS_KEYS = ["scale", "features.0.weight", "features.0.bias", "features.1.weight",
+              "features.1.bias", "features.1.running_mean", "features.1.running_var",
+              "features.1.num_batches_tracked", "head.weight", "head.bias"]
+
+
+def test_buffer_registry_and_state_dict_order():
+    m = Stats()
+    assert list(m.state_dict()) == STATS_KEYS
+    assert [n for n, _ in m.named_buffers()] == [
+        "scale", "cache", "features.1.running_mean", "features.1.running_var",
+        "features.1.num_batches_tracked"]
+    assert [n for n, _ in m.named_buffers(prefix="net", recurse=False)] == ["net.scale",
+                                                                           "net.cache"]
+    assert list(m.features.buffers(recurse=False)) == []
+    assert len(list(m.buffers())) == 5 and len(list(m.parameters())) == 6
+    assert [n for n, _ in m.features.named_parameters(recurse=False)] == []
+    count = m.state_dict()["features.1.num_batches_tracked"]
+    assert count.dtype == np.int64 and count.shape == ()
+    # assigning to the attribute replaces the buffer; None keeps the name registered
+    new = np.ones(3, np.float32)
+    m.scale = new
+    assert dict(m.named_buffers())["scale"] is new and m.state_dict()["scale"] is new
+    m.scale = None
+    assert "scale" not in m.state_dict() and "scale" not in dict(m.named_buffers())
+    m.scale = new
+    assert list(m.state_dict()) == STATS_KEYS
+    with pytest.raises(TypeError, match="Stats: buffer 'scale' must be a NumPy array, a "
+                                        "device array or None, got float"):
+        m.scale = 2.0
+    with pytest.raises(TypeError, match=r"got Tensor \(pass its .data\)"):
+        m.scale = Tensor(new)
+    assert m.scale is new
+    # a parameter or a submodule takes the name over, as in PyTorch
+    m.scale = nn.Parameter(new)
+    assert "scale" in dict(m.named_parameters()) and "scale" not in dict(m.named_buffers())
+    m.cache = nn.ReLU()
+    assert "cache" in dict(m.named_children()) and "cache" not in dict(m.named_buffers())
+    # registering again changes persistence; del removes
+    m.features[1].register_buffer("running_var", m.features[1].running_var, persistent=False)
+    assert "features.1.running_var" not in m.state_dict()
+    del m.features[1].num_batches_tracked
+    assert not hasattr(m.features[1], "num_batches_tracked")
+    assert "features.1.num_batches_tracked" not in dict(m.named_buffers())
+
+
+def test_register_buffer_errors():
+    class Early(nn.Module):
+        def __init__(self):
+            self.register_buffer("x", np.zeros(1))
+
+    with pytest.raises(AttributeError, match=r"call super\(\).__init__\(\) before "
+                                             "register_buffer"):
+        Early()
+    lin = nn.Linear(2, 2)
+    with pytest.raises(TypeError, match="Linear.register_buffer: name must be a str, got int"):
+        lin.register_buffer(1, np.zeros(1))
+    for name in ("", "a.b"):
+        with pytest.raises(KeyError, match=f"non-empty and contain no '.', got '{name}'"):
+            lin.register_buffer(name, np.zeros(1))
+    for name, kind in (("weight", "a parameter"), ("training", "an attribute"),
+                       ("forward", "an attribute")):
+        with pytest.raises(KeyError, match=f"'{name}' is already {kind}"):
+            lin.register_buffer(name, np.zeros(1))
+    with pytest.raises(KeyError, match="'0' is already a submodule"):
+        nn.Sequential(lin).register_buffer("0", np.zeros(1))
+    with pytest.raises(TypeError, match="buffer 'x' must be a NumPy array.*got list"):
+        lin.register_buffer("x", [1.0, 2.0])
+    assert list(lin.named_buffers()) == []
+
+
+def test_save_load_restores_running_stats(tmp_path):
+    src = Stats()
+    bn = src.features[1]
+    bn.running_mean[:] = [0.5, -1.0, 2.0]
+    bn.running_var[:] = [0.25, 4.0, 1.5]
+    bn.num_batches_tracked += 7
+    src.scale[:] = 3.0
+    path = tmp_path / "stats.npz"
+    src.save(path)
+    with np.load(path) as f:
+        assert sorted(f.files) == sorted(STATS_KEYS)       # "cache" is not persistent
+    dst = Stats()
+    dst.cache[:] = 5.0
+    assert dst.load(path) == ([], [])
+    for k, v in dst.state_dict().items():
+        np.testing.assert_array_equal(v, src.state_dict()[k])
+        assert v.dtype == src.state_dict()[k].dtype
+    assert dst.features[1].running_mean is not bn.running_mean      # copied
+    assert int(dst.features[1].num_batches_tracked) == 7
+    np.testing.assert_array_equal(dst.cache, 5.0)
+    # as exported from PyTorch: float64 lists, the counter as a Python number
+    exported = {k: np.asarray(v, np.float64).tolist() for k, v in src.state_dict().items()}
+    exported["features.1.num_batches_tracked"] = 9
+    fresh = Stats()
+    fresh.load_state_dict(exported)
+    assert fresh.features[1].running_var.dtype == np.float32
+    np.testing.assert_array_equal(fresh.features[1].running_var, bn.running_var)
+    count = fresh.features[1].num_batches_tracked
+    assert count.dtype == np.int64 and count.shape == () and int(count) == 9
+
+
+def test_load_state_dict_buffer_errors_change_nothing():
+    m = Stats()
+    before = {k: v.copy() for k, v in m.state_dict().items()}
+    state = {k: v + 1 for k, v in m.state_dict().items()}
+    with pytest.raises(KeyError, match=r"missing keys \['features.1.running_var'\], "
+                                       r"unexpected keys \['cache'\]"):
+        m.load_state_dict({**{k: v for k, v in state.items()
+                              if k != "features.1.running_var"}, "cache": np.ones(3)})
+    with pytest.raises(ValueError, match=r"'features.1.running_mean' has shape \(4,\), the "
+                                         r"buffer has shape \(3,\)"):
+        m.load_state_dict({**state, "features.1.running_mean": np.zeros(4)})
+    with pytest.raises(ValueError, match=r"'features.1.num_batches_tracked' has shape \(1,\)"):
+        m.load_state_dict({**state, "features.1.num_batches_tracked": [3]})
+    for k, v in m.state_dict().items():
+        np.testing.assert_array_equal(v, before[k])
+    missing, unexpected = m.load_state_dict(
+        {"features.1.running_mean": np.ones(3), "cache": np.ones(3)}, strict=False)
+    assert unexpected == ["cache"] and "features.1.running_var" in missing
+    np.testing.assert_array_equal(m.features[1].running_mean, 1.0)
+    np.testing.assert_array_equal(m.cache, 0.0)
+
+
+def test_to_moves_buffers(device):
+    m = Stats()
+    m.head.register_buffer("alias", m.scale)     # one array in two modules
+    m.features[1].running_var[:] = 4.0
+    assert m.to(device) is m
+    on_host = device == "cpu"
+    assert all(isinstance(b, np.ndarray) == on_host for b in m.buffers())
+    assert all(isinstance(p.data, np.ndarray) == on_host for p in m.parameters())
+    assert m.head.alias is m.scale and list(m.state_dict()) == STATS_KEYS
+    np.testing.assert_array_equal(host(m.features[1].running_var), 4.0)
+    # loading keeps each buffer on its device
+    m.load_state_dict({k: host(v) for k, v in Stats().state_dict().items()})
+    assert isinstance(m.features[1].running_var, np.ndarray) == on_host
+    assert isinstance(m.features[1].num_batches_tracked, np.ndarray) == on_host
+    np.testing.assert_array_equal(host(m.features[1].running_var), 1.0)
+    m.to("cpu")
+    assert all(isinstance(b, np.ndarray) for b in m.buffers())
+    assert m.features[1].num_batches_tracked.dtype == np.int64
+    with pytest.raises(ValueError, match="Module.to: device must be 'cpu' or 'cuda', got 'gpu'"):
+        m.to("gpu")
+
 
 # ---------------------------------------------------------------------------
 # Losses

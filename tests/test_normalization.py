@@ -420,10 +420,48 @@ def test_batchnorm1d_cumulative_average_and_state_dict():
         bn(np.zeros((1, 2, 3, 4)))
 
 
+def test_batchnorm_buffers_follow_the_model_to_its_device(device):
+    # to() on the parent moves the running statistics; training updates them
+    # on the device and the counter stays an int64 0-d array there
+    rng = np.random.default_rng(13)
+    model = nn.Sequential(nn.BatchNorm2d(2, momentum=None, dtype=np.float64)).to(device)
+    bn = model[0]
+    xs = [_rand(rng, (2, 2, 1, 2), loc=k) for k in range(2)]
+    with nbops.no_grad():
+        for x in xs:
+            model(to_dev(x, device))
+    assert all(isinstance(b, np.ndarray) == (device == "cpu") for b in model.buffers())
+    count = host(bn.num_batches_tracked)
+    assert count.dtype == np.int64 and count.shape == () and int(count) == 2
+    rm = np.mean([x.mean(axis=(0, 2, 3)) for x in xs], 0)
+    rv = np.mean([x.var(axis=(0, 2, 3), ddof=1) for x in xs], 0)
+    np.testing.assert_allclose(host(bn.running_mean), rm, atol=1e-14)
+    np.testing.assert_allclose(host(bn.running_var), rv, atol=1e-14)
+    cpu = nn.Sequential(nn.BatchNorm2d(2, dtype=np.float64))
+    cpu.load_state_dict(model.state_dict())
+    np.testing.assert_array_equal(cpu[0].running_var, host(bn.running_var))
+    assert int(cpu[0].num_batches_tracked) == 2
+    model.eval()
+    with nbops.no_grad():
+        y = model(to_dev(xs[0], device))
+    np.testing.assert_allclose(host(y), ref_batch_norm(xs[0], rm, rv, None, None, False, 0,
+                                                       1e-5)[0], atol=1e-12)
+    bn.reset_running_stats()
+    assert isinstance(bn.running_mean, np.ndarray) == (device == "cpu")
+    np.testing.assert_array_equal(host(bn.running_mean), 0.0)
+    np.testing.assert_array_equal(host(bn.running_var), 1.0)
+    assert int(host(bn.num_batches_tracked)) == 0
+
+
 def test_batchnorm_without_tracking_uses_batch_statistics():
     bn = nn.BatchNorm2d(2, affine=False, track_running_stats=False, dtype=np.float64).eval()
     x = _rand(np.random.default_rng(11), (3, 2, 2, 2))
     assert bn.running_mean is None and bn.weight is None
+    # registered as None, as PyTorch does: neither saved nor expected
+    assert bn.num_batches_tracked is None and list(bn.named_buffers()) == []
+    assert list(bn.state_dict()) == []
+    assert bn.load_state_dict({"running_mean": np.zeros(2)}, strict=False) == (
+        [], ["running_mean"])
     np.testing.assert_allclose(bn(x), ref_batch_norm(x, None, None, None, None, True, 0,
                                                      1e-5)[0], atol=1e-12)
 
