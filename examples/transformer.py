@@ -35,13 +35,10 @@ class TinyTransformer(nn.Module):
                                                 activation="gelu", norm_first=norm_first,
                                                 rng=seed + 1)
         self.head = nn.Linear(d_model, vocab, rng=seed + 2)
-        self.pe = nbops.positional_encoding(length, d_model)
-
-    def to(self, device):
-        super().to(device)
-        if device == "cuda":
-            self.pe = nbops.to_device(self.pe)
-        return self
+        # a buffer: to() moves it with the weights; derived from the sizes,
+        # so it stays out of state_dict()
+        self.register_buffer("pe", nbops.positional_encoding(length, d_model),
+                             persistent=False)
 
     def forward(self, onehot):
         x = nbops.add(self.embed(onehot), self.pe)
