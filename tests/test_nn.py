@@ -336,6 +336,20 @@ def test_to_moves_buffers(device):
         m.to("gpu")
 
 
+def test_fuse_modules_reads_the_moved_running_stats(device):
+    # fuse_modules folds the batch norm's buffers where to() put them
+    model = nn.Sequential(nn.Conv2d(1, 2, 1, rng=0), nn.BatchNorm2d(2), nn.ReLU()).eval()
+    model[1].running_mean[:] = [0.5, -0.5]
+    model[1].running_var[:] = [2.0, 0.5]
+    x = rng.standard_normal((1, 1, 2, 2)).astype(np.float32)
+    with nbops.no_grad():
+        want = model(x)
+        nn.fuse_modules(model.to(device))
+        got = host(model(to_dev(x, device)))
+    assert type(model[0]).__name__ == "FusedConv" and len(model) == 1
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
 # ---------------------------------------------------------------------------
 # Losses
 
