@@ -57,7 +57,7 @@ class Module:
     ...         self.fc = nbops.nn.Linear(4, 2)
     ...         self.register_buffer("scale", np.ones(2, np.float32))
     ...     def forward(self, x):
-    ...         return self.fc(x) * self.scale
+    ...         return nbops.mul(self.fc(x), self.scale)
     >>> list(Net().state_dict())
     ['scale', 'fc.weight', 'fc.bias']
     """
