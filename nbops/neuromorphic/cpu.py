@@ -13,7 +13,8 @@ buffers (``[T, chunk]``, sized to stay in L2) and then walks it in reverse:
 it reads the inputs and the spike gradients once and writes the input
 gradients once, and the forward never has to store a trace for it.
 
-Kernels compile per model (and per surrogate for backward) on first use.
+Kernels compile per model on first use; the backward kernel takes the
+surrogate as a runtime code, so one kernel serves every surrogate.
 No contraction flag: ``v * beta + x`` rounds as the seed's NumPy loop does,
 so spikes and membranes are bit-identical to it.
 """
@@ -131,9 +132,28 @@ def _forward_kernels(model):
     return (_named(chunked, f"{model}_forward"), _named(time_outer, f"{model}_forward_t"))
 
 
-def _backward_kernel(model, surrogate):
+def _surrogate_switch():
+    # d s / d z of every surrogate behind one runtime code (its index in
+    # SURROGATES): one backward kernel per model serves them all. The code
+    # is loop-invariant, so the branch is predicted perfectly; five kernels
+    # per model cost five times the compile time (about 8 s each) instead.
+    lines = ["def surrogate(code, z, k, c):"]
+    for i, (fn, _, _) in enumerate(_lif.SURROGATES.values()):
+        lines.append(f"    {'if' if i == 0 else 'elif'} code == {i}:")
+        lines.append(f"        return {fn.__name__}(z, k, c)")
+    lines.append("    return c.zero")
+    scope = {fn.__name__: fn for fn, _, _ in _lif.SURROGATES.values()}
+    exec("\n".join(lines) + "\n", scope)
+    return register_jitable(scope["surrogate"])
+
+
+_surrogate = _surrogate_switch()
+_SURROGATE_CODES = {name: i for i, name in enumerate(_lif.SURROGATES)}
+
+
+def _backward_kernel(model):
     step, adj = _lif.MODELS[model][:2]
-    sg = _lif.SURROGATES[surrogate][0]
+    sg = _surrogate
     reset = _lif._reset
 
     def recompute(x, j0, n, sa, sb, q, c, uu, tt):
@@ -148,7 +168,7 @@ def _backward_kernel(model, surrogate):
                 sa[i] = a2
                 sb[i] = b2
 
-    def reverse(j0, n, a0, q, c, sp, uu, tt, gs, gtrace, ga, gb, gx, acc_b, acc_t):
+    def reverse(j0, n, a0, q, c, code, sp, uu, tt, gs, gtrace, ga, gb, gx, acc_b, acc_t):
         # ga/gb carry the gradients of the state from the last step back;
         # the state before step t is the reset of step t - 1 (or a0)
         n_t = uu.shape[0]
@@ -165,7 +185,7 @@ def _backward_kernel(model, surrogate):
                     vprev = a0[j0 + i]
                 gu_ext = gtrace[t, j0 + i] if gtrace is not None else c.zero
                 g, ga2, gb2, db, dth = adj(gs[t, j0 + i], gu_ext, u, th, vprev, u > th,
-                                           sg(u - th, sp, c), ga[i], gb[i],
+                                           sg(code, u - th, sp, c), ga[i], gb[i],
                                            (_q(q, 0, i), _q(q, 1, i), _q(q, 2, i),
                                             _q(q, 3, i)), c)
                 gx[t, j0 + i] = g
@@ -177,7 +197,8 @@ def _backward_kernel(model, surrogate):
     recompute = register_jitable(recompute)
     reverse = register_jitable(reverse)
 
-    def run(x, a0, b0, q, c, sp, j0, n, gs, gtrace, ga_t, gb_t, gx, ga0, gb0, gbeta, gthr):
+    def run(x, a0, b0, q, c, code, sp, j0, n, gs, gtrace, ga_t, gb_t, gx, ga0, gb0, gbeta,
+            gthr):
         n_t = x.shape[0]
         uu = np.empty((n_t, n), x.dtype)
         tt = np.empty((n_t, n), x.dtype)
@@ -188,7 +209,7 @@ def _backward_kernel(model, surrogate):
         gb = gb_t[j0:j0 + n].copy()
         acc_b = np.zeros(n, x.dtype)
         acc_t = np.zeros(n, x.dtype)
-        reverse(j0, n, a0, q, c, sp, uu, tt, gs, gtrace, ga, gb, gx, acc_b, acc_t)
+        reverse(j0, n, a0, q, c, code, sp, uu, tt, gs, gtrace, ga, gb, gx, acc_b, acc_t)
         ga0[j0:j0 + n] = ga
         gb0[j0:j0 + n] = gb
         gbeta[j0:j0 + n] = acc_b
@@ -196,24 +217,26 @@ def _backward_kernel(model, surrogate):
 
     run = register_jitable(run)
 
-    def chunk_body(x, a0, b0, prm, c, sp, j0, n, gs, gtrace, with_gtrace, ga_t, gb_t, gx,
-                   ga0, gb0, gbeta, gthr):
+    def chunk_body(x, a0, b0, prm, c, code, sp, j0, n, gs, gtrace, with_gtrace, ga_t, gb_t,
+                   gx, ga0, gb0, gbeta, gthr):
         pb = _rows(prm, j0, n)
         if with_gtrace:
-            run(x, a0, b0, pb, c, sp, j0, n, gs, gtrace, ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
+            run(x, a0, b0, pb, c, code, sp, j0, n, gs, gtrace, ga_t, gb_t, gx, ga0, gb0, gbeta,
+                gthr)
         else:
-            run(x, a0, b0, pb, c, sp, j0, n, gs, None, ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
+            run(x, a0, b0, pb, c, code, sp, j0, n, gs, None, ga_t, gb_t, gx, ga0, gb0, gbeta,
+                gthr)
 
     body = register_jitable(chunk_body)
 
-    def bwd(x, a0, b0, prm, c, sp, chunk, gs, gtrace, with_gtrace, ga_t, gb_t, gx, ga0, gb0,
-            gbeta, gthr):
+    def bwd(x, a0, b0, prm, c, code, sp, chunk, gs, gtrace, with_gtrace, ga_t, gb_t, gx, ga0,
+            gb0, gbeta, gthr):
         m = x.shape[1]
         for k in prange((m + chunk - 1) // chunk):
-            body(x, a0, b0, prm, c, sp, k * chunk, min(chunk, m - k * chunk), gs, gtrace,
+            body(x, a0, b0, prm, c, code, sp, k * chunk, min(chunk, m - k * chunk), gs, gtrace,
                  with_gtrace, ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
 
-    return _named(bwd, f"{model}_{surrogate}_backward")
+    return _named(bwd, f"{model}_backward")
 
 
 _FORWARD = {}
@@ -264,14 +287,13 @@ def backward(model, surrogate, x, a0, b0, p, c, sp, gs, gtrace, ga_t, gb_t,
     n_t, m = x.shape
     if m == 0:
         return
-    key = (model, surrogate)
-    if key not in _BACKWARD:
-        _BACKWARD[key] = _backward_kernel(model, surrogate)
+    if model not in _BACKWARD:
+        _BACKWARD[model] = _backward_kernel(model)
     # the chunk-local [T, chunk] membrane and threshold stay within L2
     chunk = max(16, min(CHUNK, BACKWARD_BUFFER // (2 * max(n_t, 1) * x.itemsize) // 16 * 16))
     gtr = gtrace if gtrace is not None else np.empty((1, 1), x.dtype)
-    _BACKWARD[key](x, a0, b0, p, c, sp, _chunk(m, chunk), gs, gtr, gtrace is not None,
-                   ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
+    _BACKWARD[model](x, a0, b0, p, c, _SURROGATE_CODES[surrogate], sp, _chunk(m, chunk), gs,
+                     gtr, gtrace is not None, ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
 
 
 def _chunk(m, chunk=CHUNK):
