@@ -13,6 +13,8 @@
 ``python benchmarks/bench_autograd.py`` prints both comparisons (medians).
 """
 
+import time
+
 import numpy as np
 
 
@@ -191,6 +193,9 @@ def main():
     results = {k: [] for k in steps}
     for _ in range(5):
         for impl, bench in steps.items():
+            # a pause between blocks: a BLAS pool keeps spinning for a while
+            # after its last call and would slow whichever step runs next
+            time.sleep(0.3)
             results[impl].append(_median_seconds(bench.step, 5, 1))
     med = {k: np.median(v) for k, v in results.items()}
     for impl, t in med.items():

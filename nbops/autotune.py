@@ -37,6 +37,7 @@ Settings
 """
 
 import argparse
+import functools
 import inspect
 import json
 import os
@@ -74,7 +75,9 @@ def cache_dir():
     return d
 
 
+@functools.lru_cache(maxsize=None)
 def _cpu_model():
+    # read once: every autotuned call builds its cache key from it
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

@@ -27,8 +27,9 @@ The epilogue (``+ bias``, then an activation of :mod:`nbops._formulas`
 chosen by its code in ``EPILOGUES``) runs on each MR x NR tile straight
 after the micro-kernel stored its last k slice, while the tile is in L1.
 The BLAS route (``gemm_blas``) calls NumPy's BLAS through ``np.dot`` on row
-blocks of about L2 size and applies the same epilogue to each block while
-it is in cache.
+blocks of at most about half an L2, spread over Numba's threads with BLAS
+on one thread inside each, and applies the same epilogue to each block
+while it is in cache.
 
 Parallelism: ``gemm`` picks one of three drivers. ``_tiles`` (few large
 products) packs each B panel in parallel, then runs ``prange`` over
@@ -66,6 +67,7 @@ from numba.extending import intrinsic, register_jitable
 
 from .. import _formulas
 from .._jit import cpu_kernel
+from .._runtime import _blas_threads
 from . import activations as _activations  # noqa: F401  (makes the formulas jittable)
 
 __all__ = ["gemm", "gemm_blas"]
@@ -555,56 +557,59 @@ def gemm(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act, pr
     return out
 
 
-@cpu_kernel
+@cpu_kernel(parallel=True)
 def _blas_rows(a, b, c, bias, act, prm, cst, rows):
-    # BLAS on row blocks of a C-contiguous ``a``, each block finished by the
-    # epilogue while it is in cache
+    # one single-threaded BLAS call per row block of a C-contiguous ``a``, the
+    # blocks spread over Numba's threads, each finished by the epilogue while
+    # it is in cache
     m = a.shape[0]
     n = c.shape[1]
     cflat = c.reshape(-1)
-    for r0 in range(0, m, rows):
+    for blk in prange((m + rows - 1) // rows):
+        r0 = blk * rows
         r1 = min(m, r0 + rows)
         np.dot(a[r0:r1], b, c[r0:r1])
         _epilogue_tile(cflat, r0 * n, n, r1 - r0, n, bias, 0 * n, act, prm, cst)
-
-
-@cpu_kernel
-def _blas_whole(a, b, c, bias, act, prm, cst):
-    # an F-ordered ``a`` has no contiguous row blocks: one BLAS call
-    np.dot(a, b, c)
-    z = 0 * c.shape[1]
-    _epilogue_tile(c.reshape(-1), z, c.shape[1], c.shape[0], c.shape[1], bias, z, act, prm,
-                   cst)
 
 
 #: Bytes of C one BLAS row block spans (about half an L2).
 BLAS_BLOCK_BYTES = 512 * 1024
 
 
-def _matrix(buf, off, rows, cols, srow, scol):
-    """A NumPy 2-D view of ``buf`` at element ``off``, made C- or
-    F-contiguous (BLAS needs one of them) by a copy only if it is neither."""
+def _matrix(buf, off, rows, cols, srow, scol, order="K"):
+    """A NumPy 2-D view of ``buf`` at element ``off``; copied (to C order if
+    ``order`` is "C", else to whichever order BLAS accepts) only if needed."""
     it = buf.itemsize
     x = np.lib.stride_tricks.as_strided(buf[off:], (rows, cols), (srow * it, scol * it))
-    if x.flags.c_contiguous or x.flags.f_contiguous:
+    if x.flags.c_contiguous or (x.flags.f_contiguous and order != "C"):
         return x
     return np.ascontiguousarray(x)
 
 
+def blas_rows_per_block(m, n, itemsize, threads):
+    """Rows of one BLAS block: C split into at least one block per thread,
+    more where a block's C would outgrow ``BLAS_BLOCK_BYTES``."""
+    blocks = max(1, -(-m * n * itemsize // BLAS_BLOCK_BYTES))
+    blocks = -(-blocks // threads) * threads
+    return max(1, -(-m // blocks))
+
+
 def gemm_blas(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act, prm, cst):
-    """:func:`gemm` through the BLAS that NumPy ships (``np.dot`` in a kernel),
-    with the epilogue fused on row blocks of about ``BLAS_BLOCK_BYTES``.
-    Operands that are neither C- nor F-contiguous are copied first."""
+    """:func:`gemm` through the BLAS that NumPy ships (``np.dot`` in a kernel).
+
+    C is split into row blocks (``blas_rows_per_block``) that Numba's threads
+    share, BLAS running on one thread inside each: BLAS's own pool would
+    otherwise spin next to Numba's and both would lose (``_blas_threads``).
+    The epilogue runs on each block while it is in cache. A is copied to C
+    order first if it is not (O(mk) next to the O(mnk) product); B is copied
+    only if it is neither C- nor F-contiguous.
+    """
     if out.size == 0:
         return out
-    rows = max(1, BLAS_BLOCK_BYTES // max(1, n * out.itemsize))
-    if act == 0 and bias.size == 0:
-        rows = m
-    for i in range(out.shape[0]):
-        a = _matrix(abuf, offa[i], m, k, sam, sak)
-        b = _matrix(bbuf, offb[i], k, n, sbk, sbn)
-        if a.flags.c_contiguous:
+    rows = blas_rows_per_block(m, n, out.itemsize, get_num_threads())
+    with _blas_threads(1):
+        for i in range(out.shape[0]):
+            a = _matrix(abuf, offa[i], m, k, sam, sak, order="C")
+            b = _matrix(bbuf, offb[i], k, n, sbk, sbn)
             _blas_rows(a, b, out[i], bias, act, prm, cst, rows)
-        else:
-            _blas_whole(a, b, out[i], bias, act, prm, cst)
     return out
