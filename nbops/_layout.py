@@ -34,13 +34,21 @@ def collapse(shape, *strides_list):
     return tuple(out_shape), [tuple(o) for o in out_strides]
 
 
-def strided_view(x, shape, strides, offset=0, dtype=None):
+def strided_view(x, shape, strides, offset=0, dtype=None, read_only_input=False):
     """A view of ``x``'s memory with the given shape and byte strides, starting
     ``offset`` bytes after ``x``'s first element. Works for NumPy arrays, the
     CUDA simulator's arrays and any object with ``__cuda_array_interface__``.
-    ``dtype``, if given, reinterprets the bytes (the strides stay in bytes)."""
+    ``dtype``, if given, reinterprets the bytes (the strides stay in bytes).
+
+    ``read_only_input=True`` marks a NumPy view writable even where ``x`` is
+    read-only (``np.broadcast_to`` views, say), for an input a kernel only
+    reads: Numba types read-only arrays apart, and every GEMM driver would
+    otherwise compile a second time for them (seconds each)."""
     if isinstance(x, np.ndarray):
-        return np.asarray(_Interface(x.__array_interface__, x, shape, strides, offset, dtype))
+        iface = x.__array_interface__
+        if read_only_input and iface["data"][1]:
+            iface = dict(iface, data=(iface["data"][0], False))
+        return np.asarray(_Interface(iface, x, shape, strides, offset, dtype))
     ary = getattr(x, "_ary", None)
     if isinstance(ary, np.ndarray):  # numba's CUDA simulator wraps NumPy
         return type(x)(strided_view(ary, shape, strides, offset, dtype))

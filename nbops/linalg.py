@@ -107,7 +107,8 @@ def _operand(op, name, x, batch_shape):
     lo = sum(s * (d - 1) for s, d in zip(st, shape) if s < 0 and d > 0)
     hi = sum(s * (d - 1) for s, d in zip(st, shape) if s > 0 and d > 0)
     span = hi - lo + 1 if x.size else 0
-    buf = _layout.strided_view(x, (span,), (x.itemsize,), lo * x.itemsize)
+    buf = _layout.strided_view(x, (span,), (x.itemsize,), lo * x.itemsize,
+                               read_only_input=True)
     lead = shape[:-2]
     own = np.tensordot(np.indices(lead, dtype=np.int64), np.asarray(st[:-2], np.int64),
                        axes=(0, 0)) if lead else np.zeros((), np.int64)

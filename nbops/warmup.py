@@ -15,8 +15,8 @@ or from Python, including fused expressions::
 Each op is called in the layouts its kernels distinguish: 1-D contiguous,
 2-D contiguous and 2-D strided (a column slice), tiny and large (128K
 elements, above the size where ops switch to their multi-threaded
-kernels), with its parameter variants that select other kernels
-(``gelu(approximate="tanh")``).
+kernels; not on a simulated CUDA device, which compiles nothing), with its
+parameter variants that select other kernels (``gelu(approximate="tanh")``).
 Layouts an op rejects (matmul of two vectors of the wrong length, say) are
 skipped and reported; only an op for which no layout works is an error.
 
@@ -139,6 +139,7 @@ def warmup(ops=None, dtypes=_DTYPES, devices=("cpu",), verbose=False):
     if isinstance(ops, str):
         ops = [ops]
     resolved = [_resolve(op) for op in (ops if ops is not None else _dispatch.registered_ops())]
+    simulated = "cuda" in devices and _dispatch.cuda_simulated()
     report = {}
     for name, fn, arity in resolved:
         t0 = time.perf_counter()
@@ -146,6 +147,10 @@ def warmup(ops=None, dtypes=_DTYPES, devices=("cpu",), verbose=False):
         for device in devices:
             for dtype in dtypes:
                 for layout, args in _layouts(arity, dtype):
+                    if device == "cuda" and simulated and "large" in layout:
+                        # the simulator compiles nothing and runs each CUDA
+                        # thread in Python: minutes for nothing cached
+                        continue
                     if device == "cuda":
                         args = tuple(_to_device(a) for a in args)
                     for kwargs in [{}] + VARIANTS.get(name, []):

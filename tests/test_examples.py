@@ -15,19 +15,29 @@ def _default_gemm_config(monkeypatch):
     monkeypatch.setenv("NBOPS_AUTOTUNE", "0")
 
 
-def test_custom_op_example_passes_gradcheck_on_both_devices(capsys):
-    module = runpy.run_path(str(EXAMPLES / "custom_op.py"))
+def _import_example(name, monkeypatch):
+    # imported as a module, not run by path: its cache=True kernels record
+    # their module's name, and a later process (another xdist worker) must be
+    # able to import it again to load them from the disk cache
+    import importlib
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    return vars(importlib.import_module(name))
+
+
+def test_custom_op_example_passes_gradcheck_on_both_devices(capsys, monkeypatch):
+    module = _import_example("custom_op", monkeypatch)
     assert module["main"]() == ["cpu", "cuda"]
     assert "gradcheck passed on cpu, cuda" in capsys.readouterr().out
 
 
-def test_custom_op_gradcheck_catches_a_wrong_backward():
+def test_custom_op_gradcheck_catches_a_wrong_backward(monkeypatch):
     import numpy as np
 
     import nbops
     from nbops.autograd import GradcheckError, Tensor, gradcheck
 
-    module = runpy.run_path(str(EXAMPLES / "custom_op.py"))
+    module = _import_example("custom_op", monkeypatch)
     wrong = nbops.register_op("softsign_wrong", cpu=module["softsign_cpu"],
                               backward=lambda ctx, g: (g,))
     with pytest.raises(GradcheckError, match="input 0"):

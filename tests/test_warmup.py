@@ -71,7 +71,9 @@ def test_report_lists_layouts_and_variants():
 def test_fused_functions_and_operators_are_accepted(device):
     f = nb.fuse(lambda a: a * 2.0 + 1.0)
     report = nb.warmup(ops=[f, nb.relu], dtypes=["float32"], devices=[device])
-    assert len(report[f.name]["ok"]) == 5 and len(report["relu"]["ok"]) == 5
+    # the simulator skips the large layouts (it caches nothing)
+    layouts = 3 if device == "cuda" and nb._dispatch.cuda_simulated() else 5
+    assert len(report[f.name]["ok"]) == layouts and len(report["relu"]["ok"]) == layouts
 
 
 def test_errors():
