@@ -54,6 +54,15 @@ def _named(fn, name):
     return cpu_kernel(fn, parallel=True, fastmath=_FASTMATH)
 
 
+def _jitable(fn, name):
+    # Helpers generated per model need their own names too: Numba's symbol
+    # names come from the qualname, and two cached kernels whose helpers
+    # shared a symbol (lif's and alif's "sweep", say) were linked against
+    # whichever was loaded first, so alif loaded after lif ran lif's loop
+    fn.__name__ = fn.__qualname__ = name
+    return register_jitable(fn)
+
+
 def _rows(prm, j0, n):
     # the chunk's parameters as contiguous rows, shared ([4, 1]) or per
     # neuron ([4, M]): reading rows from L1 cost nothing measurable against
@@ -76,18 +85,23 @@ def _forward_kernels(model):
         # the chunk's time loop, neurons innermost (unit stride). Everything
         # optional is None-or-array (pruned at compile time): a scratch
         # store in this loop kept LLVM from vectorizing it (measured 2-3x)
+        # Rows are sliced first: an index ``j0 + i`` is signed, gets a
+        # negative-wraparound select, and LLVM then loads it with gathers
         for t in range(x.shape[0]):
+            xr = x[t, j0:j0 + n]
+            sr = spk[t, j0:j0 + n]
+            tr = trace[t, j0:j0 + n] if trace is not None else None
             for i in range(n):
-                s, u, th, a2, b2 = step(x[t, j0 + i], sa[i], sb[i],
+                s, u, th, a2, b2 = step(xr[i], sa[i], sb[i],
                                         (_q(q, 0, i), _q(q, 1, i), _q(q, 2, i), _q(q, 3, i)),
                                         c)
-                spk[t, j0 + i] = s
+                sr[i] = s
                 sa[i] = a2
                 sb[i] = b2
                 if trace is not None:
-                    trace[t, j0 + i] = u
+                    tr[i] = u
 
-    sweep = register_jitable(sweep)
+    sweep = _jitable(sweep, f"{model}_sweep")
 
     def chunk_body(x, a0, b0, prm, c, j0, j1, spk, a_out, b_out, keep_b, trace, with_trace):
         n = j1 - j0
@@ -104,7 +118,7 @@ def _forward_kernels(model):
 
     # a plain (register_jitable) function, not a dispatcher: a dispatcher in
     # a kernel's closure changes the on-disk cache key in every process
-    body = register_jitable(chunk_body)
+    body = _jitable(chunk_body, f"{model}_forward_chunk")
 
     def chunked(x, a0, b0, prm, c, chunk, spk, a_out, b_out, keep_b, trace, with_trace):
         m = x.shape[1]
@@ -159,8 +173,9 @@ def _backward_kernel(model):
     def recompute(x, j0, n, sa, sb, q, c, uu, tt):
         # the chunk's forward again, keeping the membrane and the threshold
         for t in range(x.shape[0]):
+            xr = x[t, j0:j0 + n]
             for i in range(n):
-                s, u, th, a2, b2 = step(x[t, j0 + i], sa[i], sb[i],
+                s, u, th, a2, b2 = step(xr[i], sa[i], sb[i],
                                         (_q(q, 0, i), _q(q, 1, i), _q(q, 2, i), _q(q, 3, i)),
                                         c)
                 uu[t, i] = u
@@ -172,8 +187,12 @@ def _backward_kernel(model):
         # ga/gb carry the gradients of the state from the last step back;
         # the state before step t is the reset of step t - 1 (or a0)
         n_t = uu.shape[0]
+        a0r = a0[j0:j0 + n]
         for k in range(n_t):
             t = n_t - 1 - k
+            gsr = gs[t, j0:j0 + n]
+            gxr = gx[t, j0:j0 + n]
+            gtr = gtrace[t, j0:j0 + n] if gtrace is not None else None
             for i in range(n):
                 u = uu[t, i]
                 th = tt[t, i]
@@ -182,20 +201,20 @@ def _backward_kernel(model):
                     tp = tt[t - 1, i]
                     vprev = reset(up, up > tp, tp, c)
                 else:
-                    vprev = a0[j0 + i]
-                gu_ext = gtrace[t, j0 + i] if gtrace is not None else c.zero
-                g, ga2, gb2, db, dth = adj(gs[t, j0 + i], gu_ext, u, th, vprev, u > th,
+                    vprev = a0r[i]
+                gu_ext = gtr[i] if gtrace is not None else c.zero
+                g, ga2, gb2, db, dth = adj(gsr[i], gu_ext, u, th, vprev, u > th,
                                            sg(code, u - th, sp, c), ga[i], gb[i],
                                            (_q(q, 0, i), _q(q, 1, i), _q(q, 2, i),
                                             _q(q, 3, i)), c)
-                gx[t, j0 + i] = g
+                gxr[i] = g
                 ga[i] = ga2
                 gb[i] = gb2
                 acc_b[i] += db
                 acc_t[i] += dth
 
-    recompute = register_jitable(recompute)
-    reverse = register_jitable(reverse)
+    recompute = _jitable(recompute, f"{model}_recompute")
+    reverse = _jitable(reverse, f"{model}_reverse")
 
     def run(x, a0, b0, q, c, code, sp, j0, n, gs, gtrace, ga_t, gb_t, gx, ga0, gb0, gbeta,
             gthr):
@@ -215,7 +234,7 @@ def _backward_kernel(model):
         gbeta[j0:j0 + n] = acc_b
         gthr[j0:j0 + n] = acc_t
 
-    run = register_jitable(run)
+    run = _jitable(run, f"{model}_backward_run")
 
     def chunk_body(x, a0, b0, prm, c, code, sp, j0, n, gs, gtrace, with_gtrace, ga_t, gb_t,
                    gx, ga0, gb0, gbeta, gthr):
@@ -227,7 +246,7 @@ def _backward_kernel(model):
             run(x, a0, b0, pb, c, code, sp, j0, n, gs, None, ga_t, gb_t, gx, ga0, gb0, gbeta,
                 gthr)
 
-    body = register_jitable(chunk_body)
+    body = _jitable(chunk_body, f"{model}_backward_chunk")
 
     def bwd(x, a0, b0, prm, c, code, sp, chunk, gs, gtrace, with_gtrace, ga_t, gb_t, gx, ga0,
             gb0, gbeta, gthr):
