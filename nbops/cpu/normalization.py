@@ -113,13 +113,17 @@ def _sum(v):
     nb = n // SUM_BLOCK
     total = 0.0
     for k in range(nb):
+        # a block slice indexed from 0: an index k * SUM_BLOCK + j is signed,
+        # gets a wraparound select, and LLVM then loads through gathers
+        blk = v[k * SUM_BLOCK:k * SUM_BLOCK + SUM_BLOCK]
         s = v.dtype.type(0.0)
-        for j in range(k * SUM_BLOCK, k * SUM_BLOCK + SUM_BLOCK):
-            s += v[j]
+        for j in range(SUM_BLOCK):
+            s += blk[j]
         total += s
+    tail = v[nb * SUM_BLOCK:]
     s = v.dtype.type(0.0)
-    for j in range(nb * SUM_BLOCK, n):
-        s += v[j]
+    for j in range(tail.size):
+        s += tail[j]
     return total + s
 
 
@@ -134,18 +138,20 @@ def _deviations(v, c):
     t1 = 0.0
     t2 = 0.0
     for k in range(nb):
+        blk = v[k * SUM_BLOCK:k * SUM_BLOCK + SUM_BLOCK]
         s1 = v.dtype.type(0.0)
         s2 = v.dtype.type(0.0)
-        for j in range(k * SUM_BLOCK, k * SUM_BLOCK + SUM_BLOCK):
-            e = v[j] - c
+        for j in range(SUM_BLOCK):
+            e = blk[j] - c
             s1 += e
             s2 += e * e
         t1 += s1
         t2 += s2
+    tail = v[nb * SUM_BLOCK:]
     s1 = v.dtype.type(0.0)
     s2 = v.dtype.type(0.0)
-    for j in range(nb * SUM_BLOCK, n):
-        e = v[j] - c
+    for j in range(tail.size):
+        e = tail[j] - c
         s1 += e
         s2 += e * e
     return t1 + s1, t2 + s2
