@@ -23,7 +23,7 @@ import numpy as np
 
 import nbops
 
-from .harness import Case, fmt_time, time_interleaved
+from .harness import BLAS_PAUSE, Case, fmt_time, time_interleaved
 
 B, H, D = 4, 8, 64
 MAX_L = 2048
@@ -62,7 +62,8 @@ CASES = [
          lambda q, k, v, out: nbops.scaled_dot_product_attention(q, k, v, out=out),
          attention_numpy, reference=_reference, flops=_flops,
          requires=("scaled_dot_product_attention",), dtypes=(np.dtype(np.float32),),
-         tol=(1e-5, 1e-12), baseline_name="numpy (matmul, softmax, matmul)"),
+         tol=(1e-5, 1e-12), baseline_name="numpy (matmul, softmax, matmul)",
+         pause=BLAS_PAUSE),
 ]
 
 #: The issue's sequence lengths; the last one is left out by ``--quick``.

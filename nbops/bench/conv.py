@@ -21,7 +21,7 @@ import numpy as np
 
 import nbops
 
-from .harness import Case, fmt_time, time_interleaved
+from .harness import BLAS_PAUSE, Case, fmt_time, time_interleaved
 
 EPS = 1e-5
 
@@ -117,12 +117,12 @@ CASES = [
          lambda x, w, out: nbops.conv2d(x, w, padding=1, out=out),
          lambda x, w, out: conv2d_numpy(x, w, 1, 1, 1, out), out_like=_out_like,
          flops=_flops, requires=("conv2d",), tol=(1e-4, 1e-12),
-         baseline_name="numpy im2col + BLAS"),
+         baseline_name="numpy im2col + BLAS", pause=BLAS_PAUSE),
     Case("conv2d_1x1", _setup_dense(1),
          lambda x, w, out: nbops.conv2d(x, w, out=out),
          lambda x, w, out: conv2d_numpy(x, w, 1, 0, 1, out), out_like=_out_like,
          flops=_flops, requires=("conv2d",), tol=(1e-4, 1e-12),
-         baseline_name="numpy im2col + BLAS"),
+         baseline_name="numpy im2col + BLAS", pause=BLAS_PAUSE),
     Case("conv2d_depthwise_3x3", _setup_dw,
          lambda x, w, out: nbops.conv2d(x, w, padding=1, groups=32, out=out),
          lambda x, w, out: conv2d_numpy(x, w, 1, 1, 32, out), out_like=_out_like,

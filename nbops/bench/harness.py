@@ -68,6 +68,10 @@ class Case:
     #: Largest acceptable error (see :func:`max_error`) for float32, float64.
     tol: tuple = (1e-5, 1e-12)
     baseline_name: str = "numpy"
+    #: Least sleep before each timed block: ``BLAS_PAUSE`` where the baseline
+    #: runs BLAS, whose thread pool keeps spinning after a call for longer
+    #: than the default pause and slows whatever is timed next.
+    pause: float = 0.0
     family: str = field(default="", compare=False)
 
     def tolerance(self, dtype):
@@ -265,6 +269,11 @@ def _sync_for(device):
     return cuda.synchronize
 
 
+#: Seconds OpenBLAS's idle threads were seen to keep spinning (0.05 s left
+#: nbops' GEMM at a half to a tenth of its speed right after NumPy's).
+BLAS_PAUSE = 0.3
+
+
 def time_interleaved(fns, rounds=5, pause=0.05, min_block=0.02, sync=None):
     """Median seconds per call of each function in ``fns``.
 
@@ -389,7 +398,7 @@ def run_case(case, n, dtype, *, device="cpu", rounds=5, pause=0.05, copy_gbps=No
                 res.t_nbops, res.t_baseline = time_interleaved(
                     [lambda: case.run(*nb_inputs, out=out_n),
                      lambda: case.baseline(*inputs, out=out_b)],
-                    rounds, pause, sync=_sync_for(device))
+                    rounds, max(pause, case.pause), sync=_sync_for(device))
     except Exception as exc:  # one broken case must not end the whole run
         res.note = f"error: {type(exc).__name__}: {exc}"
     return res

@@ -10,7 +10,7 @@ import numpy as np
 
 import nbops
 
-from .harness import Case
+from .harness import BLAS_PAUSE, Case
 
 MAX_SIDE = 2048
 
@@ -35,7 +35,8 @@ CASES = [
     # to (1 + |ref|) and sized for k up to 2048 in float32
     Case("matmul", _setup, lambda a, b, out: nbops.matmul(a, b, out=out),
          lambda a, b, out: np.matmul(a, b, out=out), out_like=_shape, flops=_flops,
-         requires=("matmul",), tol=(1e-4, 1e-12), baseline_name="numpy (BLAS)"),
+         requires=("matmul",), tol=(1e-4, 1e-12), baseline_name="numpy (BLAS)",
+         pause=BLAS_PAUSE),
 ]
 
 
@@ -52,13 +53,14 @@ CASES += [
     Case("matmul_blas_route", _setup,
          lambda a, b, out: nbops.matmul(a, b, out=out, impl="blas"),
          lambda a, b, out: np.matmul(a, b, out=out), out_like=_shape, flops=_flops,
-         requires=("matmul",), tol=(1e-4, 1e-12), baseline_name="numpy (BLAS)"),
+         requires=("matmul",), tol=(1e-4, 1e-12), baseline_name="numpy (BLAS)",
+         pause=BLAS_PAUSE),
     # linear(x, w, activation="gelu"): the gelu runs in the GEMM's epilogue
     Case("linear_gelu", _setup,
          lambda x, w, out: nbops.linear(x, w, activation="gelu", out=out),
          lambda x, w, out: _gelu_numpy(np.matmul(x, w.T, out=out), out),
          out_like=_shape, flops=_flops, requires=("linear",), tol=(1e-4, 1e-10),
-         baseline_name="numpy + scipy erfc"),
+         baseline_name="numpy + scipy erfc", pause=BLAS_PAUSE),
 ]
 
 
@@ -85,5 +87,5 @@ CASES += [
          lambda a, b, out: nbops.matmul(a, b, out=out),
          lambda a, b, out: np.matmul(a, b, out=out), out_like=_shape_small,
          flops=_flops_small, requires=("matmul",), tol=(1e-4, 1e-12),
-         baseline_name="numpy (BLAS per product)"),
+         baseline_name="numpy (BLAS per product)", pause=BLAS_PAUSE),
 ]
