@@ -109,11 +109,13 @@ def _operand(op, name, x, batch_shape):
     span = hi - lo + 1 if x.size else 0
     buf = _layout.strided_view(x, (span,), (x.itemsize,), lo * x.itemsize,
                                read_only_input=True)
-    lead = shape[:-2]
-    own = np.tensordot(np.indices(lead, dtype=np.int64), np.asarray(st[:-2], np.int64),
-                       axes=(0, 0)) if lead else np.zeros((), np.int64)
+    own = np.full((), -lo, np.int64)
+    for d, s in zip(shape[:-2], st[:-2]):
+        own = own[..., None] + np.arange(d, dtype=np.int64) * s
+    if own.shape == tuple(batch_shape):
+        return buf, own.reshape(-1), st[-2], st[-1]
     # a fresh writable array: read-only offsets would compile a second signature
-    offsets = np.array(np.broadcast_to(own - lo, batch_shape).reshape(-1), np.int64)
+    offsets = np.array(np.broadcast_to(own, batch_shape).reshape(-1), np.int64)
     return buf, offsets, st[-2], st[-1]
 
 
