@@ -174,6 +174,8 @@ def _median_seconds(fn, repeat, number):
 
 
 def main():
+    from nbops.bench.harness import BLAS_PAUSE
+
     ov = ApplyOverhead()
     ov.setup()
     times = {}
@@ -195,7 +197,7 @@ def main():
         for impl, bench in steps.items():
             # a pause between blocks: a BLAS pool keeps spinning for a while
             # after its last call and would slow whichever step runs next
-            time.sleep(0.3)
+            time.sleep(BLAS_PAUSE)
             results[impl].append(_median_seconds(bench.step, 5, 1))
     med = {k: np.median(v) for k, v in results.items()}
     for impl, t in med.items():

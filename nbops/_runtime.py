@@ -2,6 +2,7 @@
 
 import contextlib
 import ctypes
+import functools
 import os
 
 from . import _dispatch
@@ -43,28 +44,22 @@ def _blas_threads(n):
     if lib is None:
         yield
         return
-    old = lib.get()
+    get, set_ = lib
+    old = get()
     if old != n:
-        lib.set(n)
+        set_(n)
     try:
         yield
     finally:
         if old != n:
-            lib.set(old)
+            set_(old)
 
 
-_OPENBLAS = []
-
-
+@functools.lru_cache(maxsize=None)
 def _openblas():
-    # found once: the OpenBLAS SciPy loaded for scipy.linalg.cython_blas (not
-    # NumPy's own copy, a separate library with a separate pool)
-    if not _OPENBLAS:
-        _OPENBLAS.append(_find_openblas())
-    return _OPENBLAS[0]
-
-
-def _find_openblas():
+    """``(get, set)`` thread-count functions of the OpenBLAS SciPy loaded for
+    scipy.linalg.cython_blas (not NumPy's own copy, a separate library with
+    a separate pool), or None; looked up once."""
     try:
         import scipy.linalg.cython_blas  # noqa: F401  (loads the library)
 
@@ -75,19 +70,12 @@ def _find_openblas():
     for path in sorted(p for p in paths if "scipy" in p and "numpy" not in p):
         lib = ctypes.CDLL(path)
         for prefix in ("scipy_openblas", "openblas"):
-            try:
-                get = getattr(lib, f"{prefix}_get_num_threads")
-                set_ = getattr(lib, f"{prefix}_set_num_threads")
-            except AttributeError:
-                continue
-            get.restype, set_.argtypes = ctypes.c_int, [ctypes.c_int]
-            return _BlasThreads(get, set_)
+            get = getattr(lib, f"{prefix}_get_num_threads", None)
+            set_ = getattr(lib, f"{prefix}_set_num_threads", None)
+            if get is not None and set_ is not None:
+                get.restype, set_.argtypes = ctypes.c_int, [ctypes.c_int]
+                return get, set_
     return None
-
-
-class _BlasThreads:
-    def __init__(self, get, set_):
-        self.get, self.set = get, set_
 
 
 def set_debug(enabled=True):

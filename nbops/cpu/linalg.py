@@ -586,7 +586,7 @@ def _matrix(buf, off, rows, cols, srow, scol, order="K"):
     return np.ascontiguousarray(x)
 
 
-def blas_rows_per_block(m, n, itemsize, threads):
+def _blas_rows_per_block(m, n, itemsize, threads):
     """Rows of one BLAS block: C split into at least one block per thread,
     more where a block's C would outgrow ``BLAS_BLOCK_BYTES``."""
     blocks = max(1, -(-m * n * itemsize // BLAS_BLOCK_BYTES))
@@ -597,7 +597,7 @@ def blas_rows_per_block(m, n, itemsize, threads):
 def gemm_blas(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act, prm, cst):
     """:func:`gemm` through the BLAS that NumPy ships (``np.dot`` in a kernel).
 
-    C is split into row blocks (``blas_rows_per_block``) that Numba's threads
+    C is split into row blocks (``_blas_rows_per_block``) that Numba's threads
     share, BLAS running on one thread inside each: BLAS's own pool would
     otherwise spin next to Numba's and both would lose (``_blas_threads``).
     The epilogue runs on each block while it is in cache. A is copied to C
@@ -606,7 +606,7 @@ def gemm_blas(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, ac
     """
     if out.size == 0:
         return out
-    rows = blas_rows_per_block(m, n, out.itemsize, get_num_threads())
+    rows = _blas_rows_per_block(m, n, out.itemsize, get_num_threads())
     with _blas_threads(1):
         for i in range(out.shape[0]):
             a = _matrix(abuf, offa[i], m, k, sam, sak, order="C")

@@ -26,6 +26,7 @@ from numba import prange
 from numba.extending import register_jitable
 
 from .._jit import cpu_kernel
+from ..cpu.linalg import generated
 # the package's ``lif`` attribute is the public function; reach the module by name
 _lif = importlib.import_module(".lif", __package__)
 
@@ -157,8 +158,7 @@ def _surrogate_switch():
         lines.append(f"        return {fn.__name__}(z, k, c)")
     lines.append("    return c.zero")
     scope = {fn.__name__: fn for fn, _, _ in _lif.SURROGATES.values()}
-    exec("\n".join(lines) + "\n", scope)
-    return register_jitable(scope["surrogate"])
+    return register_jitable(generated("\n".join(lines) + "\n", "surrogate", scope, __file__))
 
 
 _surrogate = _surrogate_switch()
