@@ -177,13 +177,18 @@ def _gemm(op, dev, a, b, out3, bias, act, prm, impl):
     """Run ``out3 = act(a @ b + bias)``: ``a`` (..., m, k) and ``b`` (..., k, n)
     broadcast over ``out3``'s batch (its first axis, flattened from
     ``batch_shape``)."""
-    batch_shape = tuple(np.broadcast_shapes(tuple(_shp(a)[:-2]), tuple(_shp(b)[:-2])))
     m, k = _shp(a)[-2], _shp(a)[-1]
     n = _shp(b)[-1]
-    abuf, offa, sam, sak = _operand(op, "a", a, batch_shape)
-    bbuf, offb, sbk, sbn = _operand(op, "b", b, batch_shape)
+    plain = dev == CPU and a.ndim == 2 and b.ndim == 2
+    if plain:  # the common case, in a few microseconds
+        abuf, offa, sam, sak = _matrix_operand(op, "a", a)
+        bbuf, offb, sbk, sbn = _matrix_operand(op, "b", b)
+    else:
+        batch_shape = tuple(np.broadcast_shapes(tuple(_shp(a)[:-2]), tuple(_shp(b)[:-2])))
+        abuf, offa, sam, sak = _operand(op, "a", a, batch_shape)
+        bbuf, offb, sbk, sbn = _operand(op, "b", b, batch_shape)
     if bias is None:
-        bias = _checks.empty((0,), a.dtype, dev)
+        bias = _NO_BIAS[np.dtype(a.dtype)] if dev == CPU else _checks.empty((0,), a.dtype, dev)
     args = (abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out3, m, n, k, bias, act, prm,
             _formulas.consts(a.dtype))
     if dev == CUDA:
@@ -193,7 +198,24 @@ def _gemm(op, dev, a, b, out3, bias, act, prm, impl):
         return _dispatch.kernel("gemm", CUDA)(*args)
     only = None if impl == "auto" else {"impl": impl}
     return _cpu_gemm.run((args,), dict(m=m, n=n, k=k, batch=_shp(out3)[0],
-                                       dtype=np.dtype(a.dtype).name), only=only)
+                                       dtype=np.dtype(a.dtype).name), only=only, gpu=False)
+
+
+#: The empty bias the CPU kernels get for "no bias" (never written).
+_NO_BIAS = {np.dtype(t): np.empty(0, t) for t in (np.float32, np.float64)}
+#: The batch offsets of a single matrix (never written).
+_ONE_OFFSET = np.zeros(1, np.int64)
+
+
+def _matrix_operand(op, name, x):
+    """:func:`_operand` for a 2-D NumPy array: C- or F-contiguous and
+    writable ones as a reshape (no ``__array_interface__`` round trip)."""
+    if x.flags.writeable and x.size:
+        if x.flags.c_contiguous:
+            return x.reshape(-1), _ONE_OFFSET, x.shape[1], 1
+        if x.flags.f_contiguous:
+            return x.T.reshape(-1), _ONE_OFFSET, 1, x.shape[0]
+    return _operand(op, name, x, ())
 
 
 def _flat_out(op, out, shape, dtype, dev, inputs):
@@ -425,14 +447,16 @@ def _matmul_rule(ctx, grad):
     b2 = _with_unit_axis(b, -1) if b.ndim == 1 else b
     batch = tuple(np.broadcast_shapes(tuple(_shp(a2)[:-2]), tuple(_shp(b2)[:-2])))
     g = _reshape(grad, batch + (_shp(a2)[-2], _shp(b2)[-1]))
+    need_a, need_b = ctx.needs_input_grad[:2]
     ga = gb = None
-    if b2.ndim == 2 and _rows(a2) is not None and batch:
+    if need_b and b2.ndim == 2 and _rows(a2) is not None and batch:
         # weight-like b: one GEMM over all rows instead of a batch sum
         gb = matmul(_swap(_rows(a2)), _rows(g))
-    if gb is None:
+    if need_b and gb is None:
         gb = _sum_to(matmul(_swap(a2), g), b2.shape)
-    ga = _sum_to(matmul(g, _swap(b2)), a2.shape)
-    return _reshape(ga, a.shape), _reshape(gb, b.shape), None, None
+    if need_a:
+        ga = _reshape(_sum_to(matmul(g, _swap(b2)), a2.shape), a.shape)
+    return ga, (_reshape(gb, b.shape) if need_b else None), None, None
 
 
 def _column_sums(g2):
@@ -462,18 +486,20 @@ def _act_grad(activation, grad, x, weight, bias, y):
 
 def _linear_rule(ctx, grad):
     x, weight, bias, activation = ctx.inputs[:4]
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
     gz = grad if activation is None else _act_grad(activation, grad, x, weight, bias,
                                                    ctx.output)
-    gx = matmul(gz, weight)
-    if _shp(gx) != _shp(x):
-        gx = _reshape(gx, x.shape)
+    gx = gw = gb = None
+    if need_x:  # skipped for a network's input: the largest product of the step
+        gx = matmul(gz, weight)
+        if _shp(gx) != _shp(x):
+            gx = _reshape(gx, x.shape)
     x2, gz2 = _rows(x), _rows(gz)
-    if x2 is not None and gz2 is not None:
+    if need_w and x2 is not None and gz2 is not None:
         gw = matmul(_swap(gz2), x2)  # all rows in one product
-    else:  # leading axes that do not merge: one product per batch, summed
+    elif need_w:  # leading axes that do not merge: one product per batch, summed
         gw = _sum_to(matmul(_swap(gz), x), _shp(weight))
-    gb = None
-    if bias is not None:
+    if need_b and bias is not None:
         gb = _column_sums(gz2) if gz2 is not None else _sum_to(gz, _shp(bias))
     return gx, gw, gb, None, None, None
 

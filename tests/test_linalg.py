@@ -432,6 +432,54 @@ def test_linear_backward(small_blocks, activation, with_bias):
         assert got[2] is None
 
 
+@pytest.mark.parametrize("needs", [(False, True, True), (True, False, False),
+                                   (False, False, True)])
+def test_backward_rules_skip_unneeded_products(monkeypatch, needs):
+    # a network's input needs no gradient: its product (the largest of a
+    # training step) is not computed, and neither is a frozen weight's
+    rng = np.random.default_rng(17)
+    x, w, bias = rand(rng, (6, 4)), rand(rng, (5, 4)), rand(rng, 5)
+    names = ["x", "weight", "bias", "activation", "out", "impl"]
+    out, ctx = run_rule(nbops.linear, [x, w, bias, None, None, "auto"], names)
+    ctx.needs_input_grad = needs + (False,) * 3
+    products = []
+    real = linalg.matmul
+    monkeypatch.setattr(linalg, "matmul", lambda *a, **k: products.append(1) or real(*a, **k))
+    g = rand(rng, out.shape)
+    gx, gw, gb = nbops.linear.backward(ctx, g)[:3]
+    assert len(products) == needs[0] + needs[1]
+    for got, need, want in zip((gx, gw, gb), needs, (g @ w, g.T @ x, g.sum(0))):
+        if need:
+            np.testing.assert_allclose(got, want, atol=1e-12)
+        else:
+            assert got is None
+    products.clear()
+    out, ctx = run_rule(nbops.matmul, [x, w.T, None, "auto"], ["a", "b", "out", "impl"])
+    ctx.needs_input_grad = needs[:2] + (False, False)
+    ga, gb = nbops.matmul.backward(ctx, g)[:2]
+    assert len(products) == needs[0] + needs[1]
+    assert (ga is None) == (not needs[0]) and (gb is None) == (not needs[1])
+
+
+@pytest.mark.parametrize("m,n", [(37, 6), (6, 37), (29, 29)])
+def test_blas_route_bands(monkeypatch, m, n):
+    # products too small for the parallel kernel in other tests: force it,
+    # with many bands (each finished by the epilogue) over rows or columns,
+    # transposed and sliced operands passed to BLAS as they lie
+    from nbops.cpu import _blas
+    from nbops.cpu import linalg as cpu_linalg
+
+    monkeypatch.setattr(_blas, "SERIAL_FLOPS", 0)
+    monkeypatch.setattr(cpu_linalg, "BLAS_BLOCK_BYTES", 64)
+    rng = np.random.default_rng(18)
+    x = rand(rng, (2, 9, m)).transpose(0, 2, 1)[:, :, 1:8]       # (2, m, 7), unit row stride
+    w = rand(rng, (n, 11))[:, 2:9]                               # (n, 7), sliced rows
+    bias = rand(rng, n)
+    got = nbops.linear(x, w, bias, activation="relu", impl="blas")
+    np.testing.assert_allclose(got, np.maximum(x @ w.T + bias, 0), atol=1e-12)
+    check(nbops.matmul(x, w.T, impl="blas"), x @ w.T, k=7)
+
+
 def test_gradcheck_through_autograd(small_blocks):
     gradcheck = getattr(getattr(nbops, "autograd", None), "gradcheck", None)
     if gradcheck is None:  # the autograd module is written concurrently

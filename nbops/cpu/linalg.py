@@ -26,10 +26,9 @@ C-contiguous ``(batch, m, n)`` result seen flat.
 The epilogue (``+ bias``, then an activation of :mod:`nbops._formulas`
 chosen by its code in ``EPILOGUES``) runs on each MR x NR tile straight
 after the micro-kernel stored its last k slice, while the tile is in L1.
-The BLAS route (``gemm_blas``) calls NumPy's BLAS through ``np.dot`` on row
-blocks of at most about half an L2, spread over Numba's threads with BLAS
-on one thread inside each, and applies the same epilogue to each block
-while it is in cache.
+The BLAS route (``gemm_blas``, ``nbops.cpu._blas``) calls SciPy's OpenBLAS
+on bands of C, one per Numba thread, with BLAS on one thread inside each,
+and applies the same epilogue to each band while it is in cache.
 
 Parallelism: ``gemm`` picks one of three drivers. ``_tiles`` (few large
 products) packs each B panel in parallel, then runs ``prange`` over
@@ -557,59 +556,55 @@ def gemm(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act, pr
     return out
 
 
-@cpu_kernel(parallel=True)
-def _blas_rows(a, b, c, bias, act, prm, cst, rows):
-    # one single-threaded BLAS call per row block of a C-contiguous ``a``, the
-    # blocks spread over Numba's threads, each finished by the epilogue while
-    # it is in cache
-    m = a.shape[0]
-    n = c.shape[1]
-    cflat = c.reshape(-1)
-    for blk in prange((m + rows - 1) // rows):
-        r0 = blk * rows
-        r1 = min(m, r0 + rows)
-        np.dot(a[r0:r1], b, c[r0:r1])
-        _epilogue_tile(cflat, r0 * n, n, r1 - r0, n, bias, 0 * n, act, prm, cst)
-
-
-#: Bytes of C one BLAS row block spans (about half an L2).
+#: Bytes of C one BLAS band spans at most when an epilogue runs on it (about
+#: half an L2).
 BLAS_BLOCK_BYTES = 512 * 1024
 
 
-def _matrix(buf, off, rows, cols, srow, scol, order="K"):
-    """A NumPy 2-D view of ``buf`` at element ``off``; copied (to C order if
-    ``order`` is "C", else to whichever order BLAS accepts) only if needed."""
+def _matrix(buf, off, rows, cols, srow, scol):
+    """A C-contiguous copy of the ``rows x cols`` matrix at element ``off`` of
+    ``buf`` with these element strides."""
     it = buf.itemsize
-    x = np.lib.stride_tricks.as_strided(buf[off:], (rows, cols), (srow * it, scol * it))
-    if x.flags.c_contiguous or (x.flags.f_contiguous and order != "C"):
-        return x
-    return np.ascontiguousarray(x)
-
-
-def _blas_rows_per_block(m, n, itemsize, threads):
-    """Rows of one BLAS block: C split into at least one block per thread,
-    more where a block's C would outgrow ``BLAS_BLOCK_BYTES``."""
-    blocks = max(1, -(-m * n * itemsize // BLAS_BLOCK_BYTES))
-    blocks = -(-blocks // threads) * threads
-    return max(1, -(-m // blocks))
+    return np.ascontiguousarray(
+        np.lib.stride_tricks.as_strided(buf[off:], (rows, cols), (srow * it, scol * it)))
 
 
 def gemm_blas(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act, prm, cst):
-    """:func:`gemm` through the BLAS that NumPy ships (``np.dot`` in a kernel).
+    """:func:`gemm` through SciPy's OpenBLAS (``nbops.cpu._blas``).
 
-    C is split into row blocks (``_blas_rows_per_block``) that Numba's threads
-    share, BLAS running on one thread inside each: BLAS's own pool would
-    otherwise spin next to Numba's and both would lose (``_blas_threads``).
-    The epilogue runs on each block while it is in cache. A is copied to C
-    order first if it is not (O(mk) next to the O(mnk) product); B is copied
-    only if it is neither C- nor F-contiguous.
+    C is split into one band per Numba thread (more where a band would
+    outgrow ``BLAS_BLOCK_BYTES`` and an epilogue has to run on it while it
+    is in cache), over its columns when n >= m (each call then packs a
+    slice of B, the larger operand) and over its rows otherwise; BLAS runs
+    single-threaded inside each band: its own pool would spin next to
+    Numba's and both would lose (``_blas_threads``). Operands go to BLAS as
+    they lie when one of their strides is 1; otherwise they are copied to C
+    order first (O(mk) next to the O(mnk) product).
     """
     if out.size == 0:
         return out
-    rows = _blas_rows_per_block(m, n, out.itemsize, get_num_threads())
+    if k == 0:
+        _fill(out.reshape(-1), out.shape[0], m, n, bias, act, prm, cst)
+        return out
+    from . import _blas
+
+    threads = get_num_threads()
+    split_cols = n >= m
+    blocks = threads
+    if act != 0 or bias.size > 0:
+        bands = -(-m * n * out.itemsize // BLAS_BLOCK_BYTES)
+        blocks = -(-bands // threads) * threads
+    blocks = max(1, min(blocks, n if split_cols else m))
     with _blas_threads(1):
-        for i in range(out.shape[0]):
-            a = _matrix(abuf, offa[i], m, k, sam, sak, order="C")
+        if _blas.gemm_blocks(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k,
+                             split_cols, blocks, bias, act, prm, cst):
+            return out
+        for i in range(out.shape[0]):  # an operand without a unit stride: copied
+            a = _matrix(abuf, offa[i], m, k, sam, sak)
             b = _matrix(bbuf, offb[i], k, n, sbk, sbn)
-            _blas_rows(a, b, out[i], bias, act, prm, cst, rows)
+            _blas.gemm_blocks(a.reshape(-1), _ONE, k, 1, b.reshape(-1), _ONE, n, 1,
+                              out[i:i + 1], m, n, k, split_cols, blocks, bias, act, prm, cst)
     return out
+
+
+_ONE = np.zeros(1, np.int64)
