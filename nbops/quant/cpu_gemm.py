@@ -300,14 +300,24 @@ def _pack_conv_sliver(xp, kbase, sh, st_h, st_w, ow_n, npix, k, flip, jr, bw, co
         oh = p // ow_n
         ow = p - oh * ow_n
         seg = min(p0 + cols - p, ow_n - ow)
-        run_j[nrun] = p - p0
-        run_n[nrun] = seg
-        run_src[nrun] = oh * st_h * sh + ow * st_w
-        nrun += 1
+        src = oh * st_h * sh + ow * st_w
+        if nrun > 0 and st_w == 1 and run_src[nrun - 1] + run_n[nrun - 1] == src:
+            run_n[nrun - 1] += seg  # rows that follow in memory (1x1, no padding): one run
+        else:
+            run_j[nrun] = p - p0
+            run_n[nrun] = seg
+            run_src[nrun] = src
+            nrun += 1
         p += seg
     cs = np.zeros(NR, np.int32)
     word = np.empty(NR, np.int32)
     for q in range(kq):
+        if 4 * q + 4 <= k and st_w == 1:
+            # a full group of four taps, unit stride: each word built in one
+            # go (one store per word instead of four read-modify-writes)
+            _pack_four_taps(xp, kbase, 4 * q, run_j, run_n, run_src, nrun, flip, word, cs)
+            bw[q * NR:(q + 1) * NR] = word
+            continue
         word[:] = 0
         for t in range(min(4, k - 4 * q)):
             b0 = kbase[4 * q + t]
@@ -333,6 +343,31 @@ def _pack_conv_sliver(xp, kbase, sh, st_h, st_w, ow_n, npix, k, flip, jr, bw, co
         bw[q * NR:(q + 1) * NR] = word
     for j in range(cols):
         colsum[p0 + j] = cs[j]
+
+
+@register_jitable
+def _pack_four_taps(xp, kbase, kk, run_j, run_n, run_src, nrun, flip, word, cs):
+    # taps kk..kk+3 of a sliver's runs (unit stride) into ``word``, their
+    # signed values added to the column sums ``cs``
+    for g in range(nrun):
+        jj = run_j[g]
+        seg = run_n[g]
+        src = run_src[g]
+        r0 = xp[kbase[kk] + src:kbase[kk] + src + seg]
+        r1 = xp[kbase[kk + 1] + src:kbase[kk + 1] + src + seg]
+        r2 = xp[kbase[kk + 2] + src:kbase[kk + 2] + src + seg]
+        r3 = xp[kbase[kk + 3] + src:kbase[kk + 3] + src + seg]
+        wseg = word[jj:jj + seg]
+        cseg = cs[jj:jj + seg]
+        for e in range(seg):
+            v0 = np.int32(r0[e] ^ flip)
+            v1 = np.int32(r1[e] ^ flip)
+            v2 = np.int32(r2[e] ^ flip)
+            v3 = np.int32(r3[e] ^ flip)
+            wseg[e] = np.int32(v0 | (v1 << 8) | (v2 << 16) | (v3 << 24))
+            # the bytes as signed values: v - 256 where the top bit is set
+            high = (v0 & 0x80) + (v1 & 0x80) + (v2 & 0x80) + (v3 & 0x80)
+            cseg[e] += np.int32(v0 + v1 + v2 + v3 - (high << 1))
 
 
 def _words(nbytes):
@@ -409,8 +444,11 @@ def _epilogue_t(tile, r0, c0, m, n, k, rowsum, za, colsum, zb, oi, ob, of, ldo, 
     # indexed by row (1: conv, whose rows are output channels) or column (0)
     rows = min(MR, m - r0)
     cols = min(NR, n - c0)
-    if not pr:
-        _tile_params(pi, pf, c0, 1, cols, bias, mult, shift, fscale, fbias)
+    if pr:
+        _epilogue_rows(tile, r0, c0, rows, cols, k, rowsum, za, colsum, zb, oi, ob, of, ldo,
+                       mode, bias, mult, shift, ozp, qmin, qmax, fscale, fbias)
+        return
+    _tile_params(pi, pf, c0, 1, cols, bias, mult, shift, fscale, fbias)
     tb = pi[0]
     tm = pi[1]
     ts = pi[2]
@@ -418,8 +456,6 @@ def _epilogue_t(tile, r0, c0, m, n, k, rowsum, za, colsum, zb, oi, ob, of, ldo, 
     tfb = pf[1]
     for i in range(rows):
         r = r0 + i
-        if pr:
-            _tile_params(pi, pf, r, 0, cols, bias, mult, shift, fscale, fbias)
         ra = np.int64(rowsum[r])
         zr = np.int64(za[r])
         kz = k * zr
@@ -446,6 +482,54 @@ def _epilogue_t(tile, r0, c0, m, n, k, rowsum, za, colsum, zb, oi, ob, of, ldo, 
             for j in range(cols):
                 v = trow[j] - zbs[j] * ra - zr * css[j] + kz * zbs[j] + tb[j]
                 orow[j] = np.float32(np.int32(v)) * np.float32(tf[j]) + np.float32(tfb[j])
+
+
+@register_jitable
+def _epilogue_rows(tile, r0, c0, rows, cols, k, rowsum, za, colsum, zb, oi, ob, of, ldo, mode,
+                   bias, mult, shift, ozp, qmin, qmax, fscale, fbias):
+    # _epilogue_t for per-row parameters (convolutions): each row's are
+    # scalars, and the zero-point corrections are int32 arithmetic, exact
+    # modulo 2**32 like the accumulator itself (so exact wherever the result
+    # fits in int32, which the public layer checks): 16 lanes per vector
+    # where int64 terms and parameter rows broadcast per row had 8 and
+    # cost half the layer's time at ResNet-50 shapes. (Numba computes
+    # int32 * int32 in int64; the np.int32 of the whole expression lets
+    # LLVM keep it in 32-bit lanes.)
+    zbs = zb[c0:c0 + cols]
+    css = colsum[c0:c0 + cols]
+    for i in range(rows):
+        r = r0 + i
+        zr = np.int32(za[r])
+        kz_ra = np.int32(np.int64(k) * za[r] - rowsum[r])  # wraps like the sums
+        b = np.int64(bias[r]) if bias.size else np.int64(0)
+        trow = tile[i * NR:i * NR + cols]
+        o0 = r * ldo + c0
+        if mode == 0:
+            orow = oi[o0:o0 + cols]
+            b32 = np.int32(b)
+            for j in range(cols):
+                orow[j] = np.int32(trow[j] - zr * css[j] + zbs[j] * kz_ra + b32)
+        elif mode == 1:
+            orow = ob[o0:o0 + cols]
+            mul = mult[r] if mult.size else 0
+            sh = shift[r] if shift.size else 0
+            for j in range(cols):
+                v = np.int64(np.int32(trow[j] - zr * css[j] + zbs[j] * kz_ra)) + b
+                orow[j] = _requant.requantize(v, mul, sh, ozp, qmin, qmax)
+        elif mode == 2:
+            orow = ob[o0:o0 + cols]
+            sc = fscale[r] if fscale.size else 0.0
+            for j in range(cols):
+                v = np.int64(np.int32(trow[j] - zr * css[j] + zbs[j] * kz_ra)) + b
+                orow[j] = _requant.requantize_float(v, sc, ozp, qmin, qmax)
+        else:
+            orow = of[o0:o0 + cols]
+            sc = np.float32(fscale[r] if fscale.size else 0.0)
+            fb = np.float32(fbias[r] if fbias.size else 0.0)
+            b32 = np.int32(b)
+            for j in range(cols):
+                v = np.int32(trow[j] - zr * css[j] + zbs[j] * kz_ra + b32)
+                orow[j] = np.float32(v) * sc + fb
 
 
 def _gemm_t(apk, rowsum, za, bpk, colsum, zb, m, n, k, oi, ob, of, ldo, mode, bias, mult, shift,
