@@ -440,3 +440,36 @@ def test_mlp_takes_steps_on_cuda():
         losses.append(loss.item())
     assert losses[-1] < losses[0]
     assert model[1].beta.device == "cuda" and model[1].beta.item() != 1.0
+
+
+@pytest.mark.parametrize("act", [nn.ReLU, nn.Sigmoid, nn.Tanh, nn.SiLU])
+def test_sequential_fuses_linear_activation(monkeypatch, act):
+    # Linear + ReLU/Sigmoid/Tanh in a Sequential is one product with the
+    # activation in its epilogue; SiLU (whose derivative needs the input)
+    # stays a module of its own. Same outputs and gradients either way.
+    from nbops import linalg
+    from nbops.nn import layers
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((7, 5))
+    model = nn.Sequential(nn.Linear(5, 6, dtype=np.float64, rng=1), act(),
+                          nn.Linear(6, 2, dtype=np.float64, rng=2))
+    calls = []
+    real = linalg.linear
+    monkeypatch.setattr(linalg, "linear",
+                        lambda *a, **k: calls.append(k.get("activation")) or real(*a, **k))
+
+    def run():
+        model.zero_grad()
+        y = model(x)
+        (y * y).sum().backward()
+        return host(y.data), [host(p.grad) for p in model.parameters()]
+
+    fused = run()
+    fusable = act in (nn.ReLU, nn.Sigmoid, nn.Tanh)
+    assert calls[0] == (layers._EPILOGUE_ACTIVATIONS.get(act)) and (calls[0] is not None) == fusable
+    monkeypatch.setattr(layers, "_EPILOGUE_ACTIVATIONS", {})
+    plain = run()
+    np.testing.assert_allclose(fused[0], plain[0], rtol=1e-12, atol=1e-12)
+    for g, h in zip(fused[1], plain[1]):
+        np.testing.assert_allclose(g, h, rtol=1e-10, atol=1e-12)

@@ -67,8 +67,18 @@ class Linear(Module):
             if bias else None
 
     def forward(self, x):
+        return self._linear(x, None)
+
+    def _linear(self, x, activation):
         weight, bias = _operands(x, self.weight, self.bias)
-        return linalg.linear(x, weight, bias)
+        return linalg.linear(x, weight, bias, activation=activation)
+
+    def _epilogue_for(self, module):
+        """The activation of ``module`` (the next one in a Sequential) that
+        this layer can apply in its GEMM's epilogue, or None."""
+        if type(self).forward is not Linear.forward:  # a subclass computes something else
+            return None
+        return _EPILOGUE_ACTIVATIONS.get(type(module))
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -109,6 +119,12 @@ GELU = _activation_module("GELU", activations.gelu,
 SiLU = _activation_module("SiLU", activations.silu, "``nbops.silu`` as a module.")
 Sigmoid = _activation_module("Sigmoid", activations.sigmoid, "``nbops.sigmoid`` as a module.")
 Tanh = _activation_module("Tanh", activations.tanh, "``nbops.tanh`` as a module.")
+
+#: Activation modules that a Linear right before them in a Sequential applies
+#: in its product's epilogue (one pass over the output fewer, one graph node
+#: fewer): those whose derivative comes from the output, so the fused
+#: backward needs no recomputed product. Same results to the bit.
+_EPILOGUE_ACTIVATIONS = {ReLU: "relu", Sigmoid: "sigmoid", Tanh: "tanh"}
 
 
 class Swish(Module):
