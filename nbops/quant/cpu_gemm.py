@@ -416,26 +416,23 @@ _micro = None
 
 
 @register_jitable
-def _param_row(dst, a, p0, pc, cols):
+def _param_row(dst, a, c0, cols):
     if a.size == 0:
         dst[:] = 0
-    elif pc:
-        dst[:cols] = a[p0:p0 + cols]
     else:
-        dst[:] = a[p0]
+        dst[:cols] = a[c0:c0 + cols]
 
 
 @register_jitable
-def _tile_params(pi, pf, p0, pc, cols, bias, mult, shift, fscale, fbias):
-    # the tile's per-channel parameters as unit-stride rows (pi: bias, mult,
-    # shift; pf: fscale, fbias), so that the epilogue loops vectorize whether
-    # the parameters follow columns (pc = 1: copies) or rows (pc = 0: one
-    # value per row, broadcast)
-    _param_row(pi[0], bias, p0, pc, cols)
-    _param_row(pi[1], mult, p0, pc, cols)
-    _param_row(pi[2], shift, p0, pc, cols)
-    _param_row(pf[0], fscale, p0, pc, cols)
-    _param_row(pf[1], fbias, p0, pc, cols)
+def _tile_params(pi, pf, c0, cols, bias, mult, shift, fscale, fbias):
+    # the tile's per-column parameters as unit-stride rows (pi: bias, mult,
+    # shift; pf: fscale, fbias), copied once per tile, so that the epilogue
+    # loops vectorize
+    _param_row(pi[0], bias, c0, cols)
+    _param_row(pi[1], mult, c0, cols)
+    _param_row(pi[2], shift, c0, cols)
+    _param_row(pf[0], fscale, c0, cols)
+    _param_row(pf[1], fbias, c0, cols)
 
 
 def _epilogue_t(tile, r0, c0, m, n, k, rowsum, za, colsum, zb, oi, ob, of, ldo, mode, bias,
@@ -448,7 +445,7 @@ def _epilogue_t(tile, r0, c0, m, n, k, rowsum, za, colsum, zb, oi, ob, of, ldo, 
         _epilogue_rows(tile, r0, c0, rows, cols, k, rowsum, za, colsum, zb, oi, ob, of, ldo,
                        mode, bias, mult, shift, ozp, qmin, qmax, fscale, fbias)
         return
-    _tile_params(pi, pf, c0, 1, cols, bias, mult, shift, fscale, fbias)
+    _tile_params(pi, pf, c0, cols, bias, mult, shift, fscale, fbias)
     tb = pi[0]
     tm = pi[1]
     ts = pi[2]
