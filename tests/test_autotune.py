@@ -116,6 +116,10 @@ def test_failing_config_loses_and_all_failing_raises():
 
     tuner = at.Autotuner(flaky, [{"mode": "bad"}, {"mode": "good"}], key=["n"], name="t.flaky")
     assert tuner(n=3) == 3
+    # asking for the config that failed at tuning time runs it: its own error
+    # says why, not "no config matches"
+    with pytest.raises(RuntimeError, match="cannot run"):
+        tuner.run((), {"n": 3}, only={"mode": "bad"})
     broken = at.Autotuner(lambda n, mode: 1 / 0, [{"mode": "x"}], key=["n"], name="t.broken")
     with pytest.raises(ZeroDivisionError):
         broken(n=1)
