@@ -12,6 +12,8 @@ walks them in reverse. Launchers have the CPU module's signatures.
 import importlib
 import types
 
+import math
+
 import numpy as np
 from numba import cuda
 
@@ -24,6 +26,7 @@ def _device_functions():
     # copies of every scalar function sharing one globals dict in which each
     # name is its device-function twin, so helpers resolve to device code
     scope = dict(vars(_lif))
+    scope["m"] = math  # the CPU's vectorizable approximations are host code
     for name, fn in _lif.functions().items():
         copy = types.FunctionType(fn.__code__, scope, name, fn.__defaults__, fn.__closure__)
         scope[name] = cuda.jit(device=True)(copy)

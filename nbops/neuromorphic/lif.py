@@ -37,6 +37,11 @@ from collections import namedtuple
 
 import numpy as np
 
+# the exponential of the sigmoid surrogate: nbops' vectorizable one on the
+# CPU (a libm call in the loop would keep the backward scalar); the CUDA
+# kernel module rebinds ``m`` to :mod:`math`
+from ..cpu import _approx as m
+
 #: Parameters of the streaming LIF form (:func:`nbops.neuromorphic.lif_step`).
 LIFParameters = namedtuple("LIFParameters", ["beta", "threshold", "reset"],
                            defaults=(0.9, 1.0, "subtract"))
@@ -149,7 +154,7 @@ def atan(z, k, c):
 
 
 def sigmoid(z, k, c):
-    e = math.exp(-abs(k * z))
+    e = m.exp(-abs(k * z))
     s = c.one / (c.one + e)
     return k * s * (c.one - s)
 
