@@ -20,6 +20,7 @@ so spikes and membranes are bit-identical to it.
 """
 
 import importlib
+import types
 
 import numpy as np
 from numba import prange
@@ -169,10 +170,38 @@ _surrogate_rows = register_jitable(generated(
 _SURROGATE_CODES = {name: i for i, name in enumerate(_lif.SURROGATES)}
 
 
-def _backward_kernel(model):
-    step, adj = _lif.MODELS[model][:2]
+def _equations(reset, detach):
+    """Copies of the neuron equations in which the reset mode and the detach
+    flag are compile-time constants, under names of their own (cached
+    kernels must not share helper symbols, see ``_jitable``)."""
+    tag = f"r{reset}d{int(detach)}"
+    scope = dict(vars(_lif))
+    for name, fn in _lif.functions().items():
+        copy = types.FunctionType(fn.__code__, scope, f"{name}_{tag}", fn.__defaults__,
+                                  fn.__closure__)
+        copy.__qualname__ = copy.__name__
+        scope[name] = register_jitable(copy)
+    scope["_reset_mode"] = register_jitable(inline="always")(_constant(reset, f"reset_{tag}"))
+    scope["_detached"] = register_jitable(inline="always")(_constant(bool(detach),
+                                                                     f"detach_{tag}"))
+    return scope
+
+
+def _constant(value, name):
+    def constant(c):
+        return value
+
+    constant.__name__ = constant.__qualname__ = name
+    return constant
+
+
+def _backward_kernel(model, reset, detach):
+    eq = _equations(reset, detach)
+    step = eq[_lif.MODELS[model][0].__name__]
+    adj = eq[_lif.MODELS[model][1].__name__]
     surrogate_rows = _surrogate_rows
-    reset = _lif._reset
+    reset_fn = eq["_reset"]
+    model = f"{model}_r{reset}d{int(detach)}"
 
     def recompute(x, j0, n, sa, sb, q, c, uu, tt):
         # the chunk's forward again, keeping the membrane and the threshold
@@ -209,7 +238,7 @@ def _backward_kernel(model):
                 upr = uu[t - 1]
                 tpr = tt[t - 1]
                 for i in range(n):
-                    vprev[i] = reset(upr[i], upr[i] > tpr[i], tpr[i], c)
+                    vprev[i] = reset_fn(upr[i], upr[i] > tpr[i], tpr[i], c)
             else:
                 vprev[:] = a0r
             gsr = gs[t, j0:j0 + n]
@@ -321,12 +350,13 @@ def backward(model, surrogate, x, a0, b0, p, c, sp, gs, gtrace, ga_t, gb_t,
     n_t, m = x.shape
     if m == 0:
         return
-    if model not in _BACKWARD:
-        _BACKWARD[model] = _backward_kernel(model)
+    key = (model, int(c.reset), bool(c.detach))
+    if key not in _BACKWARD:
+        _BACKWARD[key] = _backward_kernel(*key)
     # the chunk-local [T, chunk] membrane and threshold stay within L2
     chunk = max(16, min(CHUNK, BACKWARD_BUFFER // (2 * max(n_t, 1) * x.itemsize) // 16 * 16))
     gtr = gtrace if gtrace is not None else np.empty((1, 1), x.dtype)
-    _BACKWARD[model](x, a0, b0, p, c, _SURROGATE_CODES[surrogate], sp, _chunk(m, chunk), gs,
+    _BACKWARD[key](x, a0, b0, p, c, _SURROGATE_CODES[surrogate], sp, _chunk(m, chunk), gs,
                      gtr, gtrace is not None, ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
 
 

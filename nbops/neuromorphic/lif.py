@@ -72,8 +72,21 @@ def consts(dtype, reset="subtract", detach=True, refractory=0):
 
 # --- forward steps ------------------------------------------------------------
 
+def _reset_mode(c):
+    # the reset mode and the detach flag are read through these two: the CPU
+    # backward compiles copies of the equations in which they are constants
+    # (runtime branches on them kept its loop scalar)
+    return c.reset
+
+
+def _detached(c):
+    return c.detach
+
+
+
 def _reset(u, s, theta, c):
-    after = u - theta if c.reset == 0 else (c.zero if c.reset == 1 else u)
+    mode = _reset_mode(c)
+    after = u - theta if mode == 0 else (c.zero if mode == 1 else u)
     return after if s else u
 
 
@@ -107,11 +120,12 @@ def alif(x, v, a, p, c):
 
 def _adj_core(gs, gu_ext, u, theta, s, sig, ga, c):
     # d v_after / d s (through the reset) and d v_after / d u
-    rs = theta if c.reset == 0 else (u if c.reset == 1 else c.zero)
-    gs_tot = gs if c.detach else gs - ga * rs
-    dvdu = (c.zero if s else c.one) if c.reset == 1 else c.one
+    mode = _reset_mode(c)
+    rs = theta if mode == 0 else (u if mode == 1 else c.zero)
+    gs_tot = gs if _detached(c) else gs - ga * rs
+    dvdu = (c.zero if s else c.one) if mode == 1 else c.one
     gu = gs_tot * sig + ga * dvdu + gu_ext
-    gtheta = -(gs_tot * sig) - (ga if (s and c.reset == 0) else c.zero)
+    gtheta = -(gs_tot * sig) - (ga if (s and mode == 0) else c.zero)
     return gu, gtheta
 
 
