@@ -737,9 +737,11 @@ _F64 = _instantiate(64, dict(EXP=_EXP64, LOG=_LOG64, ERFA=_ERFA64, ERFB=_ERFB64,
                     _erfc_dt=_erfc_dt_tv)
 
 
-def _register(stub):
-    impl32 = _F32["_" + stub.__name__]
-    impl64 = _F64["_" + stub.__name__]
+def _register(public):
+    # the jitted form of one public function (which itself evaluates with
+    # :mod:`math` when called from Python)
+    impl32 = _F32["_" + public.__name__]
+    impl64 = _F64["_" + public.__name__]
 
     def f32(x):
         return impl32(x)
@@ -751,16 +753,16 @@ def _register(stub):
     # are compiled by _jit (SLP off); a wrapper of its own would be compiled
     # under the caller's setting. It holds no arithmetic to take the
     # caller's flags (see _inline).
-    @overload(stub, target="cpu", jit_options=_OPTIONS, inline="always")
+    @overload(public, target="cpu", jit_options=_OPTIONS, inline="always")
     def typed(x):
         if x == types.float32:
             return f32
         if x == types.float64:
             return f64
         raise errors.TypingError(
-            f"nbops.cpu._approx.{stub.__name__}: expected a float32 or float64 "
+            f"nbops.cpu._approx.{public.__name__}: expected a float32 or float64 "
             f"scalar, got {x}")
 
 
-for _stub in (exp, expm1, log1p, erf, erfc, tanh):
-    _register(_stub)
+for _public in (exp, expm1, log1p, erf, erfc, tanh):
+    _register(_public)

@@ -20,7 +20,6 @@ so spikes and membranes are bit-identical to it.
 """
 
 import importlib
-import types
 
 import numpy as np
 from numba import prange
@@ -175,16 +174,10 @@ def _equations(reset, detach):
     flag are compile-time constants, under names of their own (cached
     kernels must not share helper symbols, see ``_jitable``)."""
     tag = f"r{reset}d{int(detach)}"
-    scope = dict(vars(_lif))
-    for name, fn in _lif.functions().items():
-        copy = types.FunctionType(fn.__code__, scope, f"{name}_{tag}", fn.__defaults__,
-                                  fn.__closure__)
-        copy.__qualname__ = copy.__name__
-        scope[name] = register_jitable(copy)
-    scope["_reset_mode"] = register_jitable(inline="always")(_constant(reset, f"reset_{tag}"))
-    scope["_detached"] = register_jitable(inline="always")(_constant(bool(detach),
-                                                                     f"detach_{tag}"))
-    return scope
+    return _lif.compiled_copies(
+        register_jitable, "_" + tag,
+        _reset_mode=register_jitable(inline="always")(_constant(reset, f"reset_{tag}")),
+        _detached=register_jitable(inline="always")(_constant(bool(detach), f"detach_{tag}")))
 
 
 def _constant(value, name):

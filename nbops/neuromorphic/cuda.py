@@ -10,8 +10,6 @@ walks them in reverse. Launchers have the CPU module's signatures.
 """
 
 import importlib
-import types
-
 import math
 
 import numpy as np
@@ -23,14 +21,8 @@ _lif = importlib.import_module(".lif", __package__)
 
 
 def _device_functions():
-    # copies of every scalar function sharing one globals dict in which each
-    # name is its device-function twin, so helpers resolve to device code
-    scope = dict(vars(_lif))
-    scope["m"] = math  # the CPU's vectorizable approximations are host code
-    for name, fn in _lif.functions().items():
-        copy = types.FunctionType(fn.__code__, scope, name, fn.__defaults__, fn.__closure__)
-        scope[name] = cuda.jit(device=True)(copy)
-    return scope
+    # the CPU's vectorizable approximations (``m``) are host code
+    return _lif.compiled_copies(cuda.jit(device=True), m=math)
 
 
 _DEVICE = _device_functions()

@@ -33,6 +33,7 @@ spike.
 """
 
 import math
+import types
 from collections import namedtuple
 
 import numpy as np
@@ -81,7 +82,6 @@ def _reset_mode(c):
 
 def _detached(c):
     return c.detach
-
 
 
 def _reset(u, s, theta, c):
@@ -192,11 +192,30 @@ SURROGATES = {
 }
 
 
+def compiled_copies(compile_, suffix="", **names):
+    """Copies of every scalar function here, each passed through
+    ``compile_`` (``register_jitable``, ``cuda.jit(device=True)``), sharing
+    one globals dict in which each name is its compiled twin, so helpers
+    resolve to compiled code; ``names`` replace globals first (``m``,
+    ``_reset_mode``...). ``suffix`` is added to each copy's name (cached CPU
+    kernels must not share helper symbols). Returns that dict."""
+    scope = dict(globals(), **names)
+    for name, fn in functions().items():
+        if name in names:
+            continue
+        copy = types.FunctionType(fn.__code__, scope, name + suffix, fn.__defaults__,
+                                  fn.__closure__)
+        copy.__qualname__ = copy.__name__
+        scope[name] = compile_(copy)
+    return scope
+
+
 def functions():
     """Every scalar function here by name, for the kernel modules to compile."""
     return {name: obj for name, obj in globals().items()
             if callable(obj) and getattr(obj, "__module__", None) == __name__
-            and name not in ("consts", "functions", "Consts", "LIFParameters", "LIFState")
+            and name not in ("consts", "functions", "compiled_copies", "Consts",
+                             "LIFParameters", "LIFState")
             and not isinstance(obj, type)}
 
 
