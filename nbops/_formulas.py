@@ -61,6 +61,25 @@ def _no_params(dtype):
     return (dtype.type(0.0), dtype.type(0.0))
 
 
+# Through these helpers, not ``m`` directly: the approximations they call
+# exist on the CPU only, and the CUDA kernel module replaces the helpers
+# with twins built from :mod:`math` (nbops.cuda.activations).
+
+def _ndtr(x, c):
+    """The normal CDF Phi(x), relative accuracy in both tails."""
+    return m.ndtr(x)
+
+
+def _ndtr_pdf(x, c):
+    """Phi(x) and the normal density from one exponential."""
+    return m.ndtr_pdf(x)
+
+
+def _log1pexp(z, c):
+    """log(1 + e^z) without overflow or cancellation."""
+    return m.log1pexp(z)
+
+
 def _sigmoid(x, c):
     # exp(-|x|) never overflows; the two branches are sigma(x) and 1 - sigma(x)
     e = m.exp(-abs(x))
@@ -87,8 +106,8 @@ def tanh(x, p, c):
 
 
 def gelu(x, p, c):
-    # x * Phi(x) with Phi through erfc: accurate in the far negative tail
-    return c.half * x * m.erfc(-x * c.inv_sqrt2)
+    # x * Phi(x), Phi accurate in the far negative tail
+    return x * _ndtr(x, c)
 
 
 def gelu_tanh(x, p, c):
@@ -106,9 +125,9 @@ def swish(x, p, c):
 
 
 def softplus(x, p, c):
-    # p = (beta, threshold); log(1 + e^z) = max(z, 0) + log1p(e^-|z|)
+    # p = (beta, threshold)
     z = p[0] * x
-    soft = ((z if z > c.zero else c.zero) + m.log1p(m.exp(-abs(z)))) / p[0]
+    soft = _log1pexp(z, c) / p[0]
     return x if z > p[1] else soft
 
 
@@ -140,8 +159,7 @@ def tanh_backward(g, y, p, c):
 
 
 def gelu_backward(g, x, p, c):
-    cdf = c.half * m.erfc(-x * c.inv_sqrt2)
-    pdf = c.inv_sqrt_2pi * m.exp(-c.half * x * x)
+    cdf, pdf = _ndtr_pdf(x, c)
     return g * (cdf + x * pdf)
 
 

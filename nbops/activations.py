@@ -197,8 +197,10 @@ def tanh(x, out=None):
 
 @operator("gelu")
 @_doc("Gaussian error linear unit ``x * Phi(x)``.\n\n"
-      "    ``approximate=\"none\"`` is the exact form ``0.5 x erfc(-x / sqrt 2)`` (equal to\n"
-      "    ``0.5 x (1 + erf(x / sqrt 2))``, accurate in the negative tail);\n"
+      "    ``approximate=\"none\"`` is the exact form ``x Phi(x)`` (equal to\n"
+      "    ``0.5 x (1 + erf(x / sqrt 2))``), with Phi accurate to a few ulp relative in the\n"
+      "    negative tail too (CPU: :func:`nbops.cpu._approx.ndtr`, fitted in x so that no\n"
+      "    rounded ``x / sqrt 2`` is amplified; CUDA: ``erfc``);\n"
       "    ``approximate=\"tanh\"`` is ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``,\n"
       "    evaluated as ``x * sigmoid(2 u)`` to avoid cancellation.",
       ">>> nbops.gelu(np.array([-1.0, 0.0, 1.0]))\n    array([-0.15865525,  0.        ,  0.84134475])",

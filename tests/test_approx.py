@@ -24,18 +24,23 @@ from numba.core.errors import TypingError
 
 from nbops._jit import cpu_kernel
 from nbops.cpu import _approx
-from nbops.cpu._approx import erf, erfc, exp, expm1, log1p, tanh
+from nbops.cpu._approx import erf, erfc, exp, expm1, log1p, log1pexp, ndtr, ndtr_pdf, tanh
 
-NAMES = ["exp", "expm1", "log1p", "erf", "erfc", "tanh"]
+NAMES = ["exp", "expm1", "log1p", "erf", "erfc", "tanh", "ndtr", "log1pexp"]
 FASTMATH = {"contract", "nsz", "arcp", "afn"}
 
 # Max error in ulps the module documents (and these tests enforce), per
 # dtype. Measured: float32 over all 2^32 inputs, exp 0.98, expm1 1.32,
-# log1p 1.39, erf 1.16, erfc 3.40, tanh 2.30; float64 over 4M samples per
-# function, exp 0.96, expm1 1.77, log1p 1.26, erf 1.24, erfc 3.30, tanh 2.45.
+# log1p 1.39, erf 1.16, erfc 3.40, tanh 2.30; ndtr 5.74, log1pexp 1.91 and
+# ndtr_pdf's density ("pdf") 2.09 over every float32 of magnitude 1e-6..15
+# (log1pexp 1e-9..105). float64 over 4M samples per function, exp 0.96, expm1
+# 1.77, log1p 1.26, erf 1.24, erfc 3.30, tanh 2.45, ndtr 8.30, log1pexp 1.68,
+# density 2.05.
 BOUND = {
-    np.float32: {"exp": 1.0, "expm1": 1.5, "log1p": 1.5, "erf": 1.5, "erfc": 3.5, "tanh": 2.5},
-    np.float64: {"exp": 1.0, "expm1": 2.0, "log1p": 1.5, "erf": 1.5, "erfc": 3.5, "tanh": 2.5},
+    np.float32: {"exp": 1.0, "expm1": 1.5, "log1p": 1.5, "erf": 1.5, "erfc": 3.5, "tanh": 2.5,
+                 "ndtr": 6.0, "log1pexp": 2.0, "pdf": 2.5},
+    np.float64: {"exp": 1.0, "expm1": 2.0, "log1p": 1.5, "erf": 1.5, "erfc": 3.5, "tanh": 2.5,
+                 "ndtr": 9.0, "log1pexp": 2.0, "pdf": 2.5},
 }
 
 LD = np.longdouble
@@ -44,7 +49,7 @@ LD_OK = np.finfo(LD).nmant >= 63          # x86 80-bit long double
 
 @cpu_kernel(fastmath=FASTMATH)
 def _eval(fid, x, out):
-    # one compiled function for all six (compile time); the loops vectorize
+    # one compiled function for all (compile time); the loops vectorize
     # like the prange loops of real kernels (asserted in test_vectorized).
     # cpu_kernel, not njit(cache=True): its cache key includes _approx.py,
     # so that an edit there recompiles this rather than loading old code.
@@ -64,15 +69,26 @@ def _eval(fid, x, out):
     elif fid == 4:
         for i in range(n):
             out[i] = erfc(x[i])
-    else:
+    elif fid == 5:
         for i in range(n):
             out[i] = tanh(x[i])
+    elif fid == 6:
+        for i in range(n):
+            out[i] = ndtr(x[i])
+    elif fid == 7:
+        for i in range(n):
+            out[i] = log1pexp(x[i])
+    else:
+        # ndtr_pdf: the density here, the CDF must equal ndtr's (checked)
+        for i in range(n):
+            out[i] = ndtr_pdf(x[i])[1] if fid == 8 else ndtr_pdf(x[i])[0]
 
 
 def run(name, x):
     x = np.ascontiguousarray(x)
     out = np.empty_like(x)
-    _eval(NAMES.index(name), x, out)
+    fid = {"pdf": 8, "pdf_cdf": 9}.get(name)
+    _eval(NAMES.index(name) if fid is None else fid, x, out)
     return out
 
 
@@ -121,6 +137,44 @@ def _erfc_mr(x):
     return 2 * xl * _H / _PI * _exp_minus_square(x) * s + corr
 
 
+def _exp_minus_half_square(x):
+    """exp(-x^2/2) in long double with x^2 carried exactly (x float64)."""
+    hi = (x.view(np.int64) & ~np.int64((1 << 27) - 1)).view(np.float64)
+    hi, lo = hi.astype(LD), (x - hi).astype(LD)
+    return np.exp(-hi * hi / 2) * np.exp(-(2 * hi * lo + lo * lo) / 2)
+
+
+def ndtr_ref64(x):
+    """Phi(x) in long double for float64 x, with z = x/sqrt(2) never rounded
+    to float64 (erfc_ref64(x/sqrt 2) would carry that rounding, amplified
+    by 2 z^2 in the tail)."""
+    x = np.asarray(x, np.float64)
+    a = np.abs(x)
+    z = a.astype(LD) / np.sqrt(LD(2))
+    z2 = z * z
+    out = np.empty(x.shape, LD)
+    # |x| < 1: Phi(-a) = 1/2 - erf(z)/2 by the positive series of _erf_series
+    small = a < 1
+    t2, term = 2 * z2[small], np.ones(int(small.sum()), LD)
+    ssum = term.copy()
+    for n in range(1, 80):
+        term = term * t2 / (2 * n + 1)
+        ssum = ssum + term
+    erf = 2 / _SQRTPI * z[small] * _exp_minus_half_square(a[small]) * ssum
+    out[small] = (1 - erf) / 2
+    # beyond: Matta-Reichel for erfc(z), exp(-z^2) from the exact x^2
+    big = ~small
+    zb, z2b = z[big], z2[big]
+    ssum = 1 / (2 * z2b)
+    for c, nh2 in _MR:
+        ssum = ssum + c / (nh2 + z2b)
+    with np.errstate(over="ignore"):
+        corr = 2 / (1 - np.exp(2 * _PI * zb / _H))
+    out[big] = (2 * zb * _H / _PI * _exp_minus_half_square(np.minimum(a[big], 40.0)) * ssum
+                + corr) / 2
+    return np.where(x > 0, 1 - out, out)
+
+
 def erf_ref64(x):
     x = np.asarray(x, np.float64)
     a = np.abs(x)
@@ -150,9 +204,19 @@ def ref(name, x):
     if x.dtype == np.float32:
         xd = x.astype(np.float64)
         f = {"exp": np.exp, "expm1": np.expm1, "log1p": np.log1p, "erf": sp.erf,
-             "erfc": sp.erfc, "tanh": np.tanh}[name]
+             "erfc": sp.erfc, "tanh": np.tanh, "ndtr": sp.ndtr,
+             "log1pexp": lambda v: np.logaddexp(0.0, v),
+             "pdf": lambda v: np.exp(-v * v / 2) / np.sqrt(2 * np.pi)}[name]
         with np.errstate(all="ignore"):
             return f(xd)
+    if name == "ndtr":
+        return ndtr_ref64(x)
+    if name == "pdf":
+        return _exp_minus_half_square(np.minimum(np.abs(x), 40.0)) / np.sqrt(2 * _PI)
+    if name == "log1pexp":
+        xl = x.astype(LD)
+        with np.errstate(all="ignore"):
+            return np.maximum(xl, 0) + np.log1p(np.exp(-np.abs(xl)))
     if name == "erf":
         return erf_ref64(x)
     if name == "erfc":
@@ -227,6 +291,9 @@ SWEEPS32 = {
     "erf": (-6.0, 6.0),
     "erfc": (-6.0, 11.0),
     "tanh": (-12.0, 12.0),
+    "ndtr": (-15.0, 10.0),
+    "log1pexp": (-110.0, 100.0),
+    "pdf": (-15.0, 15.0),
 }
 
 # where the largest errors sit (found by an exhaustive run over all float32):
@@ -238,10 +305,13 @@ BINADES32 = {
     "erf": [0.5],
     "erfc": [0.5, 8.0],
     "tanh": [0.5],
+    "ndtr": [-8.0, -4.0, -1.0],
+    "log1pexp": [2.0 ** -9],
+    "pdf": [4.0],
 }
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + ["pdf"])
 def test_float32_dense(name):
     lo, hi = SWEEPS32[name]
     check(name, f32_range(lo, hi, 2_000_000))
@@ -261,6 +331,9 @@ DOMAINS64 = {
     "erf": (-7.0, 7.0),
     "erfc": (-7.0, 28.0),
     "tanh": (-25.0, 25.0),
+    "ndtr": (-40.0, 10.0),
+    "log1pexp": (-800.0, 800.0),
+    "pdf": (-40.0, 40.0),
 }
 
 
@@ -276,12 +349,25 @@ def f64_samples(lo, hi, n, seed):
 
 
 @pytest.mark.skipif(not LD_OK, reason="needs x86 80-bit long double for the float64 references")
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + ["pdf"])
 def test_float64_random(name):
     lo, hi = DOMAINS64[name]
-    check(name, f64_samples(lo, hi, 150_000, NAMES.index(name)))
+    seed = (NAMES + ["pdf"]).index(name)
+    check(name, f64_samples(lo, hi, 150_000, seed))
     # beyond the domain (saturation, overflow, NaN for log1p)
-    check(name, f64_samples(-1e308, 1e308, 5_000, 100 + NAMES.index(name)))
+    check(name, f64_samples(-1e308, 1e308, 5_000, 100 + seed))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_ndtr_pdf_shares_ndtr(dtype):
+    # the CDF half of ndtr_pdf is ndtr to the bit; the density is checked
+    # as "pdf" by the sweeps above
+    x = f32_range(-40, 40, 200_001).astype(dtype)
+    np.testing.assert_array_equal(run("pdf_cdf", x), run("ndtr", x))
+    # Phi(x) + Phi(-x) = 1 to rounding, and the density is even
+    np.testing.assert_array_equal(run("pdf", -x), run("pdf", x))
+    np.testing.assert_allclose(run("ndtr", x) + run("ndtr", -x), 1.0,
+                               atol=2 * np.finfo(dtype).eps)
 
 
 def test_reference_erf_erfc():
@@ -315,6 +401,10 @@ SPECIAL = {
              (-30.0, 2.0), (1e30, 0.0), (-1e30, 2.0)],
     "tanh": [(0.0, 0.0), (-0.0, -0.0), (INF, 1.0), (-INF, -1.0), (NAN, NAN), (30.0, 1.0),
              (-30.0, -1.0), (1e-40, 1e-40), (-1e-40, -1e-40)],
+    "ndtr": [(0.0, 0.5), (-0.0, 0.5), (INF, 1.0), (-INF, 0.0), (NAN, NAN), (40.0, 1.0),
+             (-40.0, 0.0), (1e30, 1.0), (-1e30, 0.0), (1e-40, 0.5)],
+    "log1pexp": [(INF, INF), (-INF, 0.0), (NAN, NAN), (1000.0, 1000.0), (-1000.0, 0.0),
+                 (1e30, 1e30), (-1e30, 0.0), (0.0, None)],
 }
 
 
@@ -338,6 +428,11 @@ def test_special_values(name, dtype):
         tiny = np.array([np.finfo(dtype).smallest_subnormal, np.finfo(dtype).tiny], dtype)
         for v in (tiny, -tiny):
             assert np.all(np.signbit(run(name, v)) == np.signbit(v)), (name, v)
+    if name == "ndtr":
+        # the density too: 0 at +-inf and far out, NaN for NaN
+        x = np.array([INF, -INF, 40.0, -40.0, NAN], dtype)
+        got = run("pdf", x)
+        assert np.array_equal(got[:4], np.zeros(4, dtype)) and np.isnan(got[4])
     if name in ("erf", "tanh"):
         x = f32_range(-8, 8, 20_001).astype(dtype)
         np.testing.assert_array_equal(run(name, -x), -run(name, x))
@@ -360,14 +455,18 @@ def test_overflow_threshold(name, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("name", ["exp", "erfc"])
+@pytest.mark.parametrize("name", ["exp", "erfc", "ndtr"])
 def test_gradual_underflow(name, dtype):
     # results all through the subnormal range to 0, each within 1 (exp) or 2
-    # (erfc) subnormal ulps of the reference, and exactly 0 beyond
+    # (erfc) subnormal ulps of the reference, and exactly 0 beyond; ndtr
+    # within its normal-range bound (subnormal ulps are the ulps of the
+    # smallest normal binade, where its relative error still shows)
     fi = np.finfo(dtype)
     lo_res = float(fi.smallest_subnormal) / 2
     if name == "exp":
         a, b = np.log(float(fi.smallest_subnormal)) - 2, np.log(float(fi.tiny)) + 1
+    elif name == "ndtr":
+        a, b = (-14.4, -12.9) if dtype == np.float32 else (-38.6, -37.4)
     else:
         a, b = 8.5 if dtype == np.float32 else 25.5, 10.2 if dtype == np.float32 else 27.4
     x = np.linspace(a, b, 200_001).astype(dtype)
@@ -376,7 +475,7 @@ def test_gradual_underflow(name, dtype):
     sub = np.abs(r) < float(fi.tiny)
     assert sub.sum() > 1000
     err = np.abs(y[sub].astype(r.dtype) - r[sub]) / float(fi.smallest_subnormal)
-    assert err.max() <= (1.0 if name == "exp" else 2.0)
+    assert err.max() <= {"exp": 1.0, "erfc": 2.0}.get(name, BOUND[dtype][name])
     assert np.all(y[np.abs(r) < lo_res / 2] == 0)
     assert np.any((y > 0) & (y < fi.tiny))
 
@@ -393,7 +492,7 @@ def test_nan_payloads_and_signs(dtype):
                 0xFFF8000000000000, 0xFFF0000000000001, 0x7FFFFFFFFFFFFFFF]
     x = np.array(pats, dtype=np.uint64 if ity == np.int64 else np.uint32).view(dtype)
     assert np.isnan(x).all()
-    for name in NAMES:
+    for name in NAMES + ["pdf"]:
         assert np.isnan(run(name, x)).all(), name
 
 
@@ -416,6 +515,26 @@ def test_types(name):
     for bad in (1, 1j, True):
         with pytest.raises(TypingError):
             call(bad)
+
+
+def test_ndtr_pdf_types_and_fallback():
+    @njit
+    def call(x):
+        return ndtr_pdf(x)
+
+    call(np.float32(0.5))
+    call(0.5)
+    sigs = {s.args[0]: s.return_type for s in call.nopython_signatures}
+    assert sigs == {types.float32: types.UniTuple(types.float32, 2),
+                    types.float64: types.UniTuple(types.float64, 2)}
+    with pytest.raises(TypingError):
+        call(1)
+    # un-jitted: math, the argument's type kept
+    c32, d32 = ndtr_pdf(np.float32(0.3))
+    assert isinstance(c32, np.float32) and isinstance(d32, np.float32)
+    c, d = ndtr_pdf(-2.0)
+    assert c == ndtr(-2.0) and abs(d - 0.05399096651318806) < 1e-17
+    assert ndtr_pdf(np.inf) == (1.0, 0.0) and np.isnan(ndtr_pdf(np.nan)[1])
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -464,14 +583,15 @@ def _math_calls(body):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_vectorized(dtype):
-    # A prange kernel over all six functions, compiled fresh: its loop body
+    # A prange kernel over all the functions, compiled fresh: its loop body
     # must contain packed (ymm/zmm) FMAs and divisions, and no call to a
     # math function (libm or a helper left out of line).
     @njit(parallel=True, fastmath=FASTMATH, cache=False)
     def kernel(x, out):
         for i in prange(x.size):
             v = x[i]
-            out[i] = exp(v) + expm1(v) + log1p(v) + erf(v) + erfc(v) + tanh(v)
+            out[i] = (exp(v) + expm1(v) + log1p(v) + erf(v) + erfc(v) + tanh(v) + ndtr(v)
+                      + log1pexp(v) + ndtr_pdf(v)[1])
 
     x = np.linspace(0, 1, 64).astype(dtype)
     # with the SLP vectorizer on, as nbops's cpu_kernel compiles: it must

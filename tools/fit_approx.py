@@ -55,6 +55,14 @@ The fits
     N(z)/D(z) in the exact z, all coefficients positive, needs fewer
     operations in float32, but Horner's rounding errors then add up at large
     z: 5.5 ulp against 3.)
+``l1pe32/l1pe64``  Q(e) with log1p(e) = e + e^2 Q(e), e = exp(-|x|) in [0, 1]:
+    log(1 + exp(x)) without a division; relative error of log1p(e).
+``ndtr32/ndtr64``  rational P(a)/Q(a), degrees 4/5 and 10/11, all
+    coefficients positive, Q(0) = 1: Phi(-a) = exp(-a^2/2) P(a)/Q(a) on
+    [0, 14.5] / [0, 38.6] (past the underflow of x Phi(x)); relative error.
+    One division, no rounded intermediate variable to amplify (unlike t
+    above), and the normal CDF is fitted in x itself, so x/sqrt(2) is never
+    rounded. Fitted by :func:`rational_minimax`.
 """
 
 import sys
@@ -167,6 +175,70 @@ def minimax(f, w, lo, hi, deg, dtype, per_coef=22, iters=40):
     return greedy if err(greedy) <= err(plain) else plain
 
 
+def rational_minimax(f, lo, hi, n, m, dtype, per_coef=12, iters=60):
+    """Relative-error minimax rational ``P/Q`` (degrees ``n``/``m``,
+    ``Q(0) = 1``) for ``f > 0`` on ``[lo, hi]``; returns the monomial
+    coefficients of P and Q rounded to ``dtype``.
+
+    Sanathanan-Koerner iterations (the linearised error ``(f Q' - P') /
+    (f Q)`` with the previous Q) under Lawson's reweighting, which drives
+    the weighted least-squares solution to the minimax one. As in
+    :func:`minimax`, each correction is solved in float64 against residuals
+    evaluated with mpmath, in a basis scaled to [0, 1], with no singular
+    value cut-off (the default one stalls the refinement near 1e-13); the
+    best iterate whose coefficients are all positive is kept (near the
+    optimum, solutions with a cancelling sign pair in the leading terms fit
+    about as well but evaluate worse)."""
+    count = max(per_coef * (n + m + 2), 400)
+    vs = _cheb_points(mp.mpf(lo), mp.mpf(hi), count)
+    fv = [f(v) for v in vs]
+    scale = mp.mpf(hi)
+    powers = [[(v / scale) ** j for j in range(max(n, m) + 1)] for v in vs]
+    V = np.array([[float(x) for x in row] for row in powers])
+    p, q = [mp.mpf(0)] * (n + 1), [mp.mpf(1)] + [mp.mpf(0)] * m
+    u, best = np.full(count, 1.0 / count), None
+    for it in range(iters):
+        pv = [mp.fsum(c * row[j] for j, c in enumerate(p)) for row in powers]
+        qv = [mp.fsum(c * row[j] for j, c in enumerate(q)) for row in powers]
+        res = np.array([float((fv[i] * qv[i] - pv[i]) / (fv[i] * qv[i])) for i in range(count)])
+        err = float(np.max(np.abs(res)))
+        # positive coefficients only: Horner's partial sums then never cancel
+        if min(p[1:] + q) > 0 and (best is None or err < best[0]):
+            best = (err, list(p), list(q))
+        if it:
+            u = u * (np.abs(res) + 1e-300)
+            u /= u.sum()
+        fq = np.array([float(fv[i] * qv[i]) for i in range(count)])
+        qf = np.array([float(x) for x in qv])
+        A = np.hstack([V[:, :n + 1] / fq[:, None], -V[:, 1:m + 1] / qf[:, None]])
+        colmax = np.abs(A).max(axis=0)
+        sw = np.sqrt(u)
+        d = np.linalg.lstsq(A / colmax * sw[:, None], res * sw, rcond=1e-22)[0] / colmax
+        p = [c + mp.mpf(float(x)) for c, x in zip(p, d[:n + 1])]
+        q = [q[0]] + [c + mp.mpf(float(x)) for c, x in zip(q[1:], d[n + 1:])]
+    if best is None:
+        raise RuntimeError("no iterate with positive coefficients")
+    _, p, q = best
+    # round Q, then refit P (linear now) to the rounded Q before rounding it:
+    # recovers much of what rounding Q costs (float32 3.2e-8 -> see output)
+    q = [mp.mpf(c) * scale ** j for j, c in enumerate(rounded([c / scale ** j
+                                                              for j, c in enumerate(q)], dtype))]
+    qv = [mp.fsum(c * row[j] for j, c in enumerate(q)) for row in powers]
+    fq = np.array([float(fv[i] * qv[i]) for i in range(count)])
+    cols = V[:, :n + 1] / fq[:, None]
+    colmax = np.abs(cols).max(axis=0)
+    for _ in range(iters):
+        pv = [mp.fsum(c * row[j] for j, c in enumerate(p)) for row in powers]
+        res = np.array([float((fv[i] * qv[i] - pv[i]) / (fv[i] * qv[i])) for i in range(count)])
+        u = u * (np.abs(res) + 1e-300)
+        u /= u.sum()
+        sw = np.sqrt(u)
+        d = np.linalg.lstsq(cols / colmax * sw[:, None], res * sw, rcond=1e-22)[0] / colmax
+        p = [c + mp.mpf(float(x)) for c, x in zip(p, d)]
+    return (rounded([c / scale ** j for j, c in enumerate(p)], dtype),
+            rounded([c / scale ** j for j, c in enumerate(q)], dtype))
+
+
 def rounded(coefs, dtype):
     return [float(np.dtype(dtype).type(float(c))) for c in coefs]
 
@@ -236,6 +308,19 @@ def _w_rel_t(K):
     return lambda v: 1 / _t_form(K)(v)
 
 
+def _ndtr_scaled(a):
+    # Phi(-a) exp(a^2/2) = erfcx(a/sqrt 2) / 2
+    return mp.erfc(a / mp.sqrt(2)) * mp.exp(a * a / 2) / 2
+
+
+def _q_l1pe(e):
+    return (mp.log1p(e) - e) / e ** 2 if e != 0 else mp.mpf(-0.5)
+
+
+def _w_l1pe(e):
+    return e ** 2 / mp.log1p(e) if e != 0 else mp.mpf(0)
+
+
 def _v(z):
     return 2 * K / (K + mp.mpf(z)) - 1
 
@@ -265,10 +350,47 @@ FITS = {
                "erfc(z) = exp(-z^2) t P(v), t = 3/(3+z), v = 2t-1, z in [0, 10.1]; relative error"),
     "erfc64": (np.float64, _t_form(K), _w_rel_t(K), _v(27.3), 1, 22, "v",
                "erfc(z) = exp(-z^2) t P(v), t = 3/(3+z), v = 2t-1, z in [0, 27.3]; relative error"),
+    "l1pe32": (np.float32, _q_l1pe, _w_l1pe, 0, 1, 8, "e",
+               "log1p(e) = e + e^2 Q(e), e = exp(-|x|) in [0, 1]; relative error"),
+    "l1pe64": (np.float64, _q_l1pe, _w_l1pe, 0, 1, 19, "e",
+               "log1p(e) = e + e^2 Q(e), e = exp(-|x|) in [0, 1]; relative error"),
+}
+
+# name: (dtype, f, lo, hi, degree of P, degree of Q, what); relative error
+RATIONAL_FITS = {
+    "ndtr32": (np.float32, _ndtr_scaled, 0, 14.5, 4, 5,
+               "Phi(-a) = exp(-a^2/2) P(a)/Q(a), a in [0, 14.5]; relative error"),
+    "ndtr64": (np.float64, _ndtr_scaled, 0, 38.6, 10, 11,
+               "Phi(-a) = exp(-a^2/2) P(a)/Q(a), a in [0, 38.6]; relative error"),
 }
 
 
+def _body(coefs, dtype):
+    if dtype is np.float32:
+        return "np.float32", ", ".join(repr(float(np.float32(c))) for c in coefs)
+    return "float", ", ".join(repr(c) for c in coefs)
+
+
+def run_rational(name):
+    dtype, f, lo, hi, n, m, what = RATIONAL_FITS[name]
+    p, q = rational_minimax(f, lo, hi, n, m, dtype)
+    worst = 0.0
+    for k in range(4001):
+        a = mp.mpf(lo) + (mp.mpf(hi) - lo) * k / 4000
+        pa = mp.fsum(mp.mpf(c) * a ** j for j, c in enumerate(p))
+        qa = mp.fsum(mp.mpf(c) * a ** j for j, c in enumerate(q))
+        worst = max(worst, float(abs(pa / qa / f(a) - 1)))
+    print(f"# {name}: {what}")
+    print(f"#   degrees {n}/{m}; max relative error of the rounded coefficients {worst:.2e}")
+    for part, coefs in (("P", p), ("Q", q)):
+        tname, body = _body(coefs, dtype)
+        print(f"_{name.upper()}{part} = _coefs({tname}, ({body}))")
+    sys.stdout.flush()
+
+
 def run(name):
+    if name in RATIONAL_FITS:
+        return run_rational(name)
     dtype, f, w, lo, hi, deg, var, what = FITS[name]
     coefs = minimax(f, w, lo, hi, deg, dtype)
     err = max_error(f, w, lo, hi, coefs, 8 * 22 * (deg + 1))
@@ -278,11 +400,7 @@ def run(name):
     absum = sum(abs(c) * np.abs(vv) ** k for k, c in enumerate(coefs))
     val = np.abs(np.polynomial.polynomial.polyval(vv, coefs))
     amp = float(np.max(absum / val))
-    tname = "np.float32" if dtype is np.float32 else "float"
-    if dtype is np.float32:
-        body = ", ".join(repr(float(np.float32(c))) for c in coefs)
-    else:
-        body = ", ".join(repr(c) for c in coefs)
+    tname, body = _body(coefs, dtype)
     print(f"# {name}: {what}")
     print(f"#   degree {deg} in {var}; max weighted error of the rounded coefficients "
           f"{err:.2e}; Horner sum/value <= {amp:.2f}")
@@ -292,10 +410,10 @@ def run(name):
 
 def main(argv):
     if "--list" in argv:
-        for k, v in FITS.items():
+        for k, v in {**FITS, **RATIONAL_FITS}.items():
             print(f"{k:8s} {v[-1]}")
         return
-    names = [a for a in argv if not a.startswith("-")] or list(FITS)
+    names = [a for a in argv if not a.startswith("-")] or list(FITS) + list(RATIONAL_FITS)
     print("# BEGIN generated by tools/fit_approx.py (constant term first)")
     for n in names:
         run(n)

@@ -18,13 +18,33 @@ from ._launch import grid_1d
 __all__ = list(_formulas.FORWARD + _formulas.BACKWARD) + ["swish_backward_both"]
 
 
+# The formulas' helpers that call CPU-only approximations, rebuilt from
+# libdevice's functions (compiled like the formulas, in the same scope).
+
+def _ndtr(x, c):
+    return c.half * math.erfc(-x * c.inv_sqrt2)
+
+
+def _ndtr_pdf(x, c):
+    return _ndtr(x, c), c.inv_sqrt_2pi * math.exp(-c.half * x * x)
+
+
+def _log1pexp(z, c):
+    return (z if z > c.zero else c.zero) + math.log1p(math.exp(-abs(z)))
+
+
+_MATH_TWINS = {"_ndtr": _ndtr, "_ndtr_pdf": _ndtr_pdf, "_log1pexp": _log1pexp}
+
+
 def _device_functions():
     # Copies of every formula sharing one globals dict in which ``m`` is math
     # and each formula name is its device-function twin, so that helpers
     # called by a formula (``_sigmoid``) resolve to device code too.
     scope = dict(vars(_formulas))
     scope["m"] = math
+    scope.update(_MATH_TWINS)
     for name, fn in _formulas.functions().items():
+        fn = _MATH_TWINS.get(name, fn)
         copy = types.FunctionType(fn.__code__, scope, name, fn.__defaults__, fn.__closure__)
         scope[name] = cuda.jit(device=True)(copy)
     return scope
