@@ -37,7 +37,7 @@ from numba import njit, prange  # noqa: E402
 
 from nbops.cpu import _approx  # noqa: E402
 
-FUNCTIONS = ["exp", "expm1", "log1p", "erf", "erfc", "tanh"]
+FUNCTIONS = ["exp", "expm1", "log1p", "erf", "erfc", "tanh", "ndtr", "log1pexp"]
 FASTMATH = {"contract", "nsz", "arcp", "afn"}
 
 
