@@ -23,7 +23,8 @@ import importlib
 
 import numpy as np
 from numba import prange
-from numba.extending import register_jitable
+from numba.core import types
+from numba.extending import overload, register_jitable
 
 from .._jit import cpu_kernel
 from ..cpu.linalg import generated
@@ -32,9 +33,12 @@ _lif = importlib.import_module(".lif", __package__)
 
 _FASTMATH = frozenset({"nsz", "arcp"})
 
-#: Neurons per chunk (forward): long unit-stride runs of every input row
-#: (prefetchers stream within pages) while the chunk's state stays in L2.
-CHUNK = 32768
+#: Most neurons per chunk (forward): long unit-stride runs of every input
+#: row (prefetchers stream within pages, and each jump to the next row
+#: restarts them) while the chunk's state stays near L2. At T=100 x
+#: [64, 4096] float32 on 2 threads, 32768 neurons per chunk (four chunks per
+#: thread) ran LIF at 79% of copy, one chunk of 131072 per thread at 92%.
+CHUNK = 131072
 #: Bytes of chunk-local buffers per backward chunk (2 buffers of [T, chunk]).
 BACKWARD_BUFFER = 512 * 1024
 
@@ -44,9 +48,18 @@ for _f in _lif.functions().values():
 del _f
 
 
-@register_jitable
 def _q(q, k, i):
-    return q[k, i]
+    """Parameter ``k`` of neuron ``i``: from ``[4, n]`` rows (per-neuron
+    parameters) or from a 4-tuple of scalars (shared ones, kept in
+    registers: rows of a shared value cost the sweep four L2 streams)."""
+    return q[k] if isinstance(q, tuple) else q[k, i]
+
+
+@overload(_q, jit_options={"cache": False})
+def _q_typed(q, k, i):
+    if isinstance(q, types.BaseTuple):
+        return lambda q, k, i: q[k]
+    return lambda q, k, i: q[k, i]
 
 
 def _named(fn, name):
@@ -85,7 +98,9 @@ def _forward_kernels(model):
     def sweep(x, j0, n, sa, sb, q, c, spk, trace):
         # the chunk's time loop, neurons innermost (unit stride). Everything
         # optional is None-or-array (pruned at compile time): a scratch
-        # store in this loop kept LLVM from vectorizing it (measured 2-3x)
+        # store in this loop kept LLVM from vectorizing it (measured 2-3x).
+        # sb is None for a LIF without refractory period (its second state
+        # stays 0); q is rows or a tuple of scalars (see _q).
         # Rows are sliced first: an index ``j0 + i`` is signed, gets a
         # negative-wraparound select, and LLVM then loads it with gathers
         for t in range(x.shape[0]):
@@ -93,12 +108,13 @@ def _forward_kernels(model):
             sr = spk[t, j0:j0 + n]
             tr = trace[t, j0:j0 + n] if trace is not None else None
             for i in range(n):
-                s, u, th, a2, b2 = step(xr[i], sa[i], sb[i],
+                s, u, th, a2, b2 = step(xr[i], sa[i], sb[i] if sb is not None else c.zero,
                                         (_q(q, 0, i), _q(q, 1, i), _q(q, 2, i), _q(q, 3, i)),
                                         c)
                 sr[i] = s
                 sa[i] = a2
-                sb[i] = b2
+                if sb is not None:
+                    sb[i] = b2
                 if trace is not None:
                     tr[i] = u
 
@@ -107,15 +123,30 @@ def _forward_kernels(model):
     def chunk_body(x, a0, b0, prm, c, j0, j1, spk, a_out, b_out, keep_b, trace, with_trace):
         n = j1 - j0
         sa = a0[j0:j1].copy()
-        sb = b0[j0:j1].copy() if keep_b else np.zeros(n, x.dtype)
-        pb = _rows(prm, j0, n)
-        if with_trace:
-            sweep(x, j0, n, sa, sb, pb, c, spk, trace)
-        else:
-            sweep(x, j0, n, sa, sb, pb, c, spk, None)
-        a_out[j0:j1] = sa
         if keep_b:
+            sb = b0[j0:j1].copy()
+            with_params(x, j0, n, sa, sb, prm, c, spk, trace, with_trace)
             b_out[j0:j1] = sb
+        else:
+            with_params(x, j0, n, sa, None, prm, c, spk, trace, with_trace)
+        a_out[j0:j1] = sa
+
+    def with_params(x, j0, n, sa, sb, prm, c, spk, trace, with_trace):
+        # one sweep per (parameter form, trace), each compiled from the same code
+        if prm.shape[1] > 1:
+            pb = _rows(prm, j0, n)
+            if with_trace:
+                sweep(x, j0, n, sa, sb, pb, c, spk, trace)
+            else:
+                sweep(x, j0, n, sa, sb, pb, c, spk, None)
+        else:
+            ps = (prm[0, 0], prm[1, 0], prm[2, 0], prm[3, 0])
+            if with_trace:
+                sweep(x, j0, n, sa, sb, ps, c, spk, trace)
+            else:
+                sweep(x, j0, n, sa, sb, ps, c, spk, None)
+
+    with_params = _jitable(with_params, f"{model}_forward_params")
 
     # a plain (register_jitable) function, not a dispatcher: a dispatcher in
     # a kernel's closure changes the on-disk cache key in every process
@@ -354,10 +385,11 @@ def backward(model, surrogate, x, a0, b0, p, c, sp, gs, gtrace, ga_t, gb_t,
 
 
 def _chunk(m, chunk=CHUNK):
-    # at least four chunks per thread where the neurons allow, for balance
+    # one chunk per thread where the neurons allow: longer runs per row beat
+    # the finer load balance of several chunks per thread (see CHUNK)
     from numba import get_num_threads
 
-    per = -(-m // (4 * get_num_threads()))
+    per = -(-m // get_num_threads())
     return max(min(chunk, (per + 15) // 16 * 16), 16)
 
 
