@@ -134,18 +134,18 @@ def _forward_kernels(model):
     def with_params(x, j0, n, sa, sb, prm, c, spk, trace, with_trace):
         # one sweep per (parameter form, trace), each compiled from the same code
         if prm.shape[1] > 1:
-            pb = _rows(prm, j0, n)
-            if with_trace:
-                sweep(x, j0, n, sa, sb, pb, c, spk, trace)
-            else:
-                sweep(x, j0, n, sa, sb, pb, c, spk, None)
+            traced(x, j0, n, sa, sb, _rows(prm, j0, n), c, spk, trace, with_trace)
         else:
-            ps = (prm[0, 0], prm[1, 0], prm[2, 0], prm[3, 0])
-            if with_trace:
-                sweep(x, j0, n, sa, sb, ps, c, spk, trace)
-            else:
-                sweep(x, j0, n, sa, sb, ps, c, spk, None)
+            traced(x, j0, n, sa, sb, (prm[0, 0], prm[1, 0], prm[2, 0], prm[3, 0]), c, spk,
+                   trace, with_trace)
 
+    def traced(x, j0, n, sa, sb, q, c, spk, trace, with_trace):
+        if with_trace:
+            sweep(x, j0, n, sa, sb, q, c, spk, trace)
+        else:
+            sweep(x, j0, n, sa, sb, q, c, spk, None)
+
+    traced = _jitable(traced, f"{model}_forward_traced")
     with_params = _jitable(with_params, f"{model}_forward_params")
 
     # a plain (register_jitable) function, not a dispatcher: a dispatcher in
@@ -220,6 +220,9 @@ def _constant(value, name):
 
 
 def _backward_kernel(model, reset, detach):
+    # a LIF's second state (the refractory count) takes no gradient: its
+    # adjoint row is not carried (one load and one store stream less)
+    carry_b = model != "lif"
     eq = _equations(reset, detach)
     step = eq[_lif.MODELS[model][0].__name__]
     adj = eq[_lif.MODELS[model][1].__name__]
@@ -232,13 +235,13 @@ def _backward_kernel(model, reset, detach):
         # rows as 1-D views indexed by the loop counter: a 2-D index with a
         # signed row number is tested for wraparound per element, and
         # those tests kept these loops scalar
-        q0, q1, q2, q3 = q[0], q[1], q[2], q[3]
         for t in range(x.shape[0]):
             xr = x[t, j0:j0 + n]
             ur = uu[t]
             tr = tt[t]
             for i in range(n):
-                s, u, th, a2, b2 = step(xr[i], sa[i], sb[i], (q0[i], q1[i], q2[i], q3[i]), c)
+                s, u, th, a2, b2 = step(xr[i], sa[i], sb[i],
+                                        (_q(q, 0, i), _q(q, 1, i), _q(q, 2, i), _q(q, 3, i)), c)
                 ur[i] = u
                 tr[i] = th
                 sa[i] = a2
@@ -251,7 +254,6 @@ def _backward_kernel(model, reset, detach):
         a0r = a0[j0:j0 + n]
         sgr = np.empty(n, uu.dtype)
         vprev = np.empty(n, uu.dtype)
-        q0, q1, q2, q3 = q[0], q[1], q[2], q[3]
         for k in range(n_t):
             t = n_t - 1 - k
             ur = uu[t]
@@ -273,11 +275,13 @@ def _backward_kernel(model, reset, detach):
                 th = tr[i]
                 gu_ext = gtr[i] if gtrace is not None else c.zero
                 g, ga2, gb2, db, dth = adj(gsr[i], gu_ext, u, th, vprev[i], u > th,
-                                           sgr[i], ga[i], gb[i], (q0[i], q1[i], q2[i], q3[i]),
+                                           sgr[i], ga[i], gb[i] if carry_b else c.zero,
+                                           (_q(q, 0, i), _q(q, 1, i), _q(q, 2, i), _q(q, 3, i)),
                                            c)
                 gxr[i] = g
                 ga[i] = ga2
-                gb[i] = gb2
+                if carry_b:
+                    gb[i] = gb2
                 acc_b[i] += db
                 acc_t[i] += dth
 
@@ -298,21 +302,36 @@ def _backward_kernel(model, reset, detach):
         acc_t = np.zeros(n, x.dtype)
         reverse(j0, n, a0, q, c, code, sp, uu, tt, gs, gtrace, ga, gb, gx, acc_b, acc_t)
         ga0[j0:j0 + n] = ga
-        gb0[j0:j0 + n] = gb
+        if carry_b or n_t == 0:
+            gb0[j0:j0 + n] = gb
+        else:
+            gb0[j0:j0 + n] = 0  # what every step's adjoint gives the LIF's second state
         gbeta[j0:j0 + n] = acc_b
         gthr[j0:j0 + n] = acc_t
 
     run = _jitable(run, f"{model}_backward_run")
 
-    def chunk_body(x, a0, b0, prm, c, code, sp, j0, n, gs, gtrace, with_gtrace, ga_t, gb_t,
-                   gx, ga0, gb0, gbeta, gthr):
-        pb = _rows(prm, j0, n)
+    def traced(x, a0, b0, q, c, code, sp, j0, n, gs, gtrace, with_gtrace, ga_t, gb_t, gx,
+               ga0, gb0, gbeta, gthr):
         if with_gtrace:
-            run(x, a0, b0, pb, c, code, sp, j0, n, gs, gtrace, ga_t, gb_t, gx, ga0, gb0, gbeta,
+            run(x, a0, b0, q, c, code, sp, j0, n, gs, gtrace, ga_t, gb_t, gx, ga0, gb0, gbeta,
                 gthr)
         else:
-            run(x, a0, b0, pb, c, code, sp, j0, n, gs, None, ga_t, gb_t, gx, ga0, gb0, gbeta,
+            run(x, a0, b0, q, c, code, sp, j0, n, gs, None, ga_t, gb_t, gx, ga0, gb0, gbeta,
                 gthr)
+
+    traced = _jitable(traced, f"{model}_backward_traced")
+
+    def chunk_body(x, a0, b0, prm, c, code, sp, j0, n, gs, gtrace, with_gtrace, ga_t, gb_t,
+                   gx, ga0, gb0, gbeta, gthr):
+        # parameters as rows or as a tuple of scalars (see _q)
+        q = (prm[0, 0], prm[1, 0], prm[2, 0], prm[3, 0])
+        if prm.shape[1] > 1:
+            traced(x, a0, b0, _rows(prm, j0, n), c, code, sp, j0, n, gs, gtrace, with_gtrace,
+                   ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
+        else:
+            traced(x, a0, b0, q, c, code, sp, j0, n, gs, gtrace, with_gtrace, ga_t, gb_t, gx,
+                   ga0, gb0, gbeta, gthr)
 
     body = _jitable(chunk_body, f"{model}_backward_chunk")
 
