@@ -23,6 +23,7 @@ from numba import config, njit, prange, types
 from numba.core.errors import TypingError
 
 from nbops._jit import cpu_kernel
+from nbops.cpu.linalg import generated
 from nbops.cpu import _approx
 from nbops.cpu._approx import erf, erfc, exp, expm1, log1p, log1pexp, ndtr, ndtr_pdf, tanh
 
@@ -47,48 +48,36 @@ LD = np.longdouble
 LD_OK = np.finfo(LD).nmant >= 63          # x86 80-bit long double
 
 
-@cpu_kernel(fastmath=FASTMATH)
-def _eval(fid, x, out):
-    # one compiled function for all (compile time); the loops vectorize
-    # like the prange loops of real kernels (asserted in test_vectorized).
-    # cpu_kernel, not njit(cache=True): its cache key includes _approx.py,
-    # so that an edit there recompiles this rather than loading old code.
-    n = x.size
-    if fid == 0:
-        for i in range(n):
-            out[i] = exp(x[i])
-    elif fid == 1:
-        for i in range(n):
-            out[i] = expm1(x[i])
-    elif fid == 2:
-        for i in range(n):
-            out[i] = log1p(x[i])
-    elif fid == 3:
-        for i in range(n):
-            out[i] = erf(x[i])
-    elif fid == 4:
-        for i in range(n):
-            out[i] = erfc(x[i])
-    elif fid == 5:
-        for i in range(n):
-            out[i] = tanh(x[i])
-    elif fid == 6:
-        for i in range(n):
-            out[i] = ndtr(x[i])
-    elif fid == 7:
-        for i in range(n):
-            out[i] = log1pexp(x[i])
-    else:
-        # ndtr_pdf: the density here, the CDF must equal ndtr's (checked)
-        for i in range(n):
-            out[i] = ndtr_pdf(x[i])[1] if fid == 8 else ndtr_pdf(x[i])[0]
+# What each evaluated name computes, ``v`` the element; "pdf" and "pdf_cdf"
+# are the two results of ndtr_pdf (the CDF must equal ndtr's, checked).
+_EXPRESSIONS = {name: f"{name}(v)" for name in NAMES}
+_EXPRESSIONS.update(pdf="ndtr_pdf(v)[1]", pdf_cdf="ndtr_pdf(v)[0]")
+
+
+def _eval_source():
+    # one compiled function for all (compile time), one loop per function;
+    # the loops vectorize like the prange loops of real kernels (asserted
+    # in test_vectorized)
+    lines = ["def _eval(fid, x, out):"]
+    for k, expr in enumerate(_EXPRESSIONS.values()):
+        lines += [f"    {'if' if k == 0 else 'elif'} fid == {k}:",
+                  "        for i in range(x.size):",
+                  "            v = x[i]",
+                  f"            out[i] = {expr}"]
+    return "\n".join(lines) + "\n"
+
+
+# cpu_kernel, not njit(cache=True): its cache key includes _approx.py, so
+# that an edit there recompiles this rather than loading old code
+_eval = cpu_kernel(fastmath=FASTMATH)(generated(
+    _eval_source(), "_eval", {f.__name__: f for f in (exp, expm1, log1p, erf, erfc, tanh, ndtr,
+                                                      log1pexp, ndtr_pdf)}, __file__))
 
 
 def run(name, x):
     x = np.ascontiguousarray(x)
     out = np.empty_like(x)
-    fid = {"pdf": 8, "pdf_cdf": 9}.get(name)
-    _eval(NAMES.index(name) if fid is None else fid, x, out)
+    _eval(list(_EXPRESSIONS).index(name), x, out)
     return out
 
 

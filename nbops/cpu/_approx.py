@@ -222,11 +222,7 @@ def ndtr_pdf(x):
     """``(ndtr(x), exp(-x^2/2)/sqrt(2 pi))``: the normal CDF and density
     from one exponential (``gelu``'s derivative needs both). Same type as x;
     the density is within about 1 ulp (relative) down to the subnormals."""
-    if isinstance(x, (float, np.floating)):
-        with np.errstate(all="ignore"):
-            pdf = math.exp(-0.5 * float(x) * float(x)) / math.sqrt(2 * math.pi)
-        return ndtr(x), (type(x)(pdf) if isinstance(x, np.floating) else pdf)
-    return ndtr(x), x                # a Numba type: never reached when jitted
+    return ndtr(x), _python(_normal_pdf_math, x)
 
 
 def log1pexp(x):
@@ -243,6 +239,10 @@ def log1pexp(x):
 
 def _ndtr_math(x):
     return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def _normal_pdf_math(x):
+    return math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
 
 
 def _log1pexp_math(x):
@@ -324,6 +324,29 @@ def _halves(t):
     nb = _int(_bits(t) - (SHIFT_BITS - 2 * BIAS))
     n1 = nb >> 1
     return _from_bits(n1 << MANT), _from_bits((nb - n1) << MANT)
+
+
+def _square(z):
+    """z^2 as an unevaluated sum hi + lo: zh keeps half the significand
+    bits, so hi = zh^2 is exact, and lo = zl (z + zh) carries the rest to
+    well below hi's rounding error."""
+    _inline()
+    zh = _from_bits(_bits(z) & SPLIT_MASK)
+    zl = z - zh
+    return zh * zh, zl * (z + zh)
+
+
+def _exp_sum(hi, lo):
+    """exp(hi + lo), for hi exact to the reduction (as from _square) and
+    small lo, as (expm1(r), s1, s2) with exp = (1 + expm1(r)) s1 s2: the
+    caller folds its own factor into the one rounding of (1 + e) s1."""
+    _inline()
+    t = (hi + lo) * LOG2E + SHIFT
+    nf = t - SHIFT
+    r = hi - nf * LN2_HI                # exact
+    r = r + (lo - nf * LN2_LO)          # small terms first: one rounding
+    s1, s2 = _halves(t)
+    return _expm1_poly(r), s1, s2
 
 
 def _exp(x):
@@ -423,20 +446,11 @@ def _erfc(x):
     g = rem - t * d_err
     corr = TWO_OVER_SQRTPI - (z + z) * pt
     pt = p * t + _erfc_dt(g, corr, d, t, v, pt) * (d * ERFC_INV_K)  # one rounding
-    # exp(-z^2) with z^2 = zh^2 + zl (z + zh) as an unevaluated sum: a
-    # rounded z^2 (up to 102 / 745) would cost up to 2^-17 / 2^-43 relative
-    # error
-    zh = _from_bits(_bits(z) & SPLIT_MASK)
-    zl = z - zh
-    ah = -(zh * zh)
-    al = -(zl * (z + zh))
-    tt = (ah + al) * LOG2E + SHIFT
-    nf = tt - SHIFT
-    r = ah - nf * LN2_HI                # exact
-    r = r + (al - nf * LN2_LO)          # small terms first: one rounding
-    q = _expm1_poly(r)
+    # exp(-z^2) from z^2 as an unevaluated sum: a rounded z^2 (up to 102 /
+    # 745) would cost up to 2^-17 / 2^-43 relative error
+    sh, sl = _square(z)
+    q, s1, s2 = _exp_sum(-sh, -sl)
     w = pt * q + pt                     # pt exp(r) with one rounding
-    s1, s2 = _halves(tt)
     y = (w * s1) * s2
     return TWO - y if x < ZERO else y
 
@@ -446,18 +460,8 @@ def _ndtr_tail(x):
     _inline()
     a = abs(x)
     a = NDTR_AMAX if a > NDTR_AMAX else a
-    # -a^2/2 = hh + ll exactly enough: ah keeps half the significand bits,
-    # so ah^2 is exact, and ll is below hh's rounding error
-    ah = _from_bits(_bits(a) & SPLIT_MASK)
-    al = a - ah
-    hh = -(HALF * (ah * ah))
-    ll = -(HALF * (al * (a + ah)))
-    t = (hh + ll) * LOG2E + SHIFT
-    nf = t - SHIFT
-    r = hh - nf * LN2_HI                # exact
-    r = r + (ll - nf * LN2_LO)
-    q = _expm1_poly(r)
-    s1, s2 = _halves(t)
+    sh, sl = _square(a)
+    q, s1, s2 = _exp_sum(-(HALF * sh), -(HALF * sl))   # halving is exact
     rat = _horner(NDTR_P, a) / _horner(NDTR_Q, a)
     # rat exp(r) 2^n and exp(r) 2^n, each rounded once (then the exact or
     # final scaling by s2)
@@ -858,7 +862,7 @@ _NDTR64Q = _coefs(float, (1.0, 2.3347123661813844, 2.5337868323391644, 1.6879030
 
 # --- instances ----------------------------------------------------------------
 
-_TEMPLATES = (_pow2, _expm1_poly, _reduce, _n, _scale, _halves,
+_TEMPLATES = (_pow2, _expm1_poly, _reduce, _n, _scale, _halves, _square, _exp_sum,
               _exp, _expm1, _log1p, _erf, _erfc, _tanh, _ndtr_tail, _ndtr, _ndtr_pdf,
               _log1pexp)
 

@@ -42,7 +42,6 @@ def _device_functions():
     # called by a formula (``_sigmoid``) resolve to device code too.
     scope = dict(vars(_formulas))
     scope["m"] = math
-    scope.update(_MATH_TWINS)
     for name, fn in _formulas.functions().items():
         fn = _MATH_TWINS.get(name, fn)
         copy = types.FunctionType(fn.__code__, scope, name, fn.__defaults__, fn.__closure__)

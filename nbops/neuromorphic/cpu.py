@@ -325,13 +325,12 @@ def _backward_kernel(model, reset, detach):
     def chunk_body(x, a0, b0, prm, c, code, sp, j0, n, gs, gtrace, with_gtrace, ga_t, gb_t,
                    gx, ga0, gb0, gbeta, gthr):
         # parameters as rows or as a tuple of scalars (see _q)
-        q = (prm[0, 0], prm[1, 0], prm[2, 0], prm[3, 0])
         if prm.shape[1] > 1:
             traced(x, a0, b0, _rows(prm, j0, n), c, code, sp, j0, n, gs, gtrace, with_gtrace,
                    ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
         else:
-            traced(x, a0, b0, q, c, code, sp, j0, n, gs, gtrace, with_gtrace, ga_t, gb_t, gx,
-                   ga0, gb0, gbeta, gthr)
+            traced(x, a0, b0, (prm[0, 0], prm[1, 0], prm[2, 0], prm[3, 0]), c, code, sp, j0, n,
+                   gs, gtrace, with_gtrace, ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
 
     body = _jitable(chunk_body, f"{model}_backward_chunk")
 
