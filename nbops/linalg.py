@@ -17,6 +17,8 @@ operands' dtype, as BLAS does. The CPU block sizes come from
 ``DEFAULT_CONFIG``). Backward rules are attached for autograd.
 """
 
+import math
+
 import numpy as np
 
 from . import _checks, _dispatch, _formulas, _layout
@@ -102,14 +104,18 @@ def _operand(op, name, x, batch_shape):
     """``(buffer, offsets, row_stride, col_stride)`` of the matrix stack ``x``
     (shape ``(..., r, c)``) broadcast over ``batch_shape``: a flat view of
     the memory ``x`` spans and each batch matrix's element offset in it."""
-    if (not batch_shape and isinstance(x, np.ndarray) and x.ndim == 2 and x.size
-            and x.flags.writeable):
-        # a plain matrix, C or F order (the common case): a reshape, not an
-        # __array_interface__ round trip (~10 us a call)
-        if x.flags.c_contiguous:
-            return x.reshape(-1), _ONE_OFFSET, x.shape[1], 1
-        if x.flags.f_contiguous:
-            return x.T.reshape(-1), _ONE_OFFSET, 1, x.shape[0]
+    if isinstance(x, np.ndarray) and x.size and x.flags.writeable:
+        # the common cases, a plain matrix (C or F order) or a C-contiguous
+        # stack: a reshape and cached offsets, not an __array_interface__
+        # round trip and fresh offset arrays (~30 us of a small product)
+        if not batch_shape and x.ndim == 2:
+            if x.flags.c_contiguous:
+                return x.reshape(-1), _ONE_OFFSET, x.shape[1], 1
+            if x.flags.f_contiguous:
+                return x.T.reshape(-1), _ONE_OFFSET, 1, x.shape[0]
+        elif x.flags.c_contiguous and (x.ndim == 2 or x.shape[:-2] == batch_shape):
+            step = 0 if x.ndim == 2 else x.shape[-2] * x.shape[-1]
+            return x.reshape(-1), _batch_offsets(batch_shape, step), x.shape[-1], 1
     st = _elem_strides(op, name, x)
     shape = tuple(x.shape)
     lo = sum(s * (d - 1) for s, d in zip(st, shape) if s < 0 and d > 0)
@@ -127,6 +133,30 @@ def _operand(op, name, x, batch_shape):
     return buf, offsets, st[-2], st[-1]
 
 
+_OFFSETS = {}
+
+
+def _batch_offsets(batch_shape, step):
+    """``arange(prod(batch_shape)) * step`` as int64, kept for the next call
+    (the kernels only read it; writable, as the other offsets, so that no
+    second signature compiles)."""
+    nb = math.prod(batch_shape)
+    key = (nb, step)
+    offsets = _OFFSETS.get(key)
+    if offsets is None:
+        if len(_OFFSETS) >= 64:
+            _OFFSETS.clear()
+        offsets = _OFFSETS[key] = np.arange(nb, dtype=np.int64) * step
+    return offsets
+
+
+def _out3(out, nb, m, n):
+    """The C-contiguous ``out`` as an (nb, m, n) view (a reshape for NumPy)."""
+    if isinstance(out, np.ndarray):
+        return out.reshape(nb, m, n)
+    return _view(out, (nb, m, n), (m * n * out.itemsize, n * out.itemsize, out.itemsize))
+
+
 def _rows(x):
     """``x`` (..., c) as a 2-D (rows, c) view when its leading axes merge into
     one stride, else None."""
@@ -135,7 +165,7 @@ def _rows(x):
     cshape, (cst,) = _layout.collapse(tuple(_shp(x)[:-1]) or (1,), tuple(_std(x)[:-1]) or (0,))
     if len(cshape) != 1:
         return None
-    return _view(x, (int(np.prod(_shp(x)[:-1])), _shp(x)[-1]), (cst[0], _std(x)[-1]))
+    return _view(x, (math.prod(_shp(x)[:-1]), _shp(x)[-1]), (cst[0], _std(x)[-1]))
 
 
 def _swap(x):
@@ -201,10 +231,13 @@ def _gemm(op, dev, a, b, out3, bias, act, prm, impl):
                              "'nbops' for device arrays")
         return _dispatch.kernel("gemm", CUDA)(*args)
     only = None if impl == "auto" else {"impl": impl}
-    return _cpu_gemm.run((args,), dict(m=m, n=n, k=k, batch=_shp(out3)[0],
-                                       dtype=np.dtype(a.dtype).name), only=only, gpu=False)
+    dtype = _DTYPE_NAMES.get(a.dtype) or np.dtype(a.dtype).name
+    return _cpu_gemm.run((args,), dict(m=m, n=n, k=k, batch=_shp(out3)[0], dtype=dtype),
+                         only=only, gpu=False)
 
 
+#: Autotuner keys of the dtypes (numpy's ``dtype.name`` takes microseconds).
+_DTYPE_NAMES = {np.dtype(t): np.dtype(t).name for t in (np.float32, np.float64)}
 #: The empty bias the CPU kernels get for "no bias" (never written).
 _NO_BIAS = {np.dtype(t): np.empty(0, t) for t in (np.float32, np.float64)}
 #: The batch offsets of a single matrix (never written).
@@ -214,7 +247,7 @@ _ONE_OFFSET = np.zeros(1, np.int64)
 def _flat_out(op, out, shape, dtype, dev, inputs):
     out = _checks.output(op, out, shape, dtype, dev, inputs)
     m, n = (shape[-2], shape[-1]) if len(shape) >= 2 else (1, shape[-1] if shape else 1)
-    batch = int(np.prod(shape[:-2])) if len(shape) > 2 else 1
+    batch = math.prod(shape[:-2]) if len(shape) > 2 else 1
     return out, (batch, m, n)
 
 
@@ -291,8 +324,8 @@ def matmul(a, b, out=None, impl="auto"):
     m, n = _shp(a2)[-2], _shp(b2)[-1]
     shape = batch + ((m,) if a.ndim > 1 else ()) + ((n,) if b.ndim > 1 else ())
     out = _checks.output(op, out, shape, a.dtype, dev, {"a": a, "b": b})
-    nb = int(np.prod(batch)) if batch else 1
-    out3 = _view(out, (nb, m, n), (m * n * out.itemsize, n * out.itemsize, out.itemsize))
+    nb = math.prod(batch) if batch else 1
+    out3 = _out3(out, nb, m, n)
     _gemm(op, dev, a2, b2, out3, None, 0, _formulas.params(a.dtype), impl)
     return out
 
@@ -401,8 +434,8 @@ def linear(x, weight, bias=None, activation=None, out=None, impl="auto"):
     rows = _rows(x)
     a = rows if rows is not None else (x if x.ndim > 1 else _with_unit_axis(x, 0))
     m = _shp(a)[-2]
-    nb = int(np.prod(_shp(a)[:-2])) if a.ndim > 2 else 1
-    out3 = _view(out, (nb, m, n), (m * n * out.itemsize, n * out.itemsize, out.itemsize))
+    nb = math.prod(_shp(a)[:-2]) if a.ndim > 2 else 1
+    out3 = _out3(out, nb, m, n)
     _gemm(op, dev, a, _swap(weight), out3, bias, act, prm, impl)
     return out
 

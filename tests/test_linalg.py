@@ -127,6 +127,20 @@ def test_matmul_batched_many(small_blocks):
     check(nbops.matmul(a_t, b, impl="blas"), a_t @ b, k=7)
 
 
+def test_matmul_contiguous_stacks(small_blocks):
+    # C-contiguous stacks go as reshapes with cached batch offsets: the
+    # offsets of one call must not leak into a call of another batch size,
+    # and read-only stacks (the general path) agree with writable ones
+    rng = np.random.default_rng(7)
+    for sa, sb in [((3, 5, 4), (3, 4, 6)), ((7, 5, 4), (7, 4, 6)), ((3, 5, 4), (4, 6)),
+                   ((2, 3, 5, 4), (2, 3, 4, 6)), ((5, 4), (7, 4, 6)), ((3, 5, 4), (3, 4, 6))]:
+        a, b = rand(rng, sa), rand(rng, sb)
+        want = np.matmul(a, b)
+        check(nbops.matmul(a, b), want, k=sa[-1])
+        a.flags.writeable = False
+        check(nbops.matmul(a, b), want, k=sa[-1])
+
+
 def test_matmul_out(small_blocks):
     rng = np.random.default_rng(6)
     a, b = rand(rng, (2, 5, 3)), rand(rng, (3, 4))
