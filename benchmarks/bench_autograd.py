@@ -174,7 +174,7 @@ def _median_seconds(fn, repeat, number):
 
 
 def main():
-    from nbops.bench.harness import BLAS_PAUSE
+    from nbops.bench.harness import BLAS_PAUSE, warm_up
 
     ov = ApplyOverhead()
     ov.setup()
@@ -198,6 +198,7 @@ def main():
             # a pause between blocks: a BLAS pool keeps spinning for a while
             # after its last call and would slow whichever step runs next
             time.sleep(BLAS_PAUSE)
+            warm_up(bench.step)
             results[impl].append(_median_seconds(bench.step, 5, 1))
     med = {k: np.median(v) for k, v in results.items()}
     for impl, t in med.items():

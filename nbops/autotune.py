@@ -4,7 +4,8 @@
 configuration as keyword arguments. The first time a key (the values of the
 named arguments, rounded up to powers of two, plus the dtype of the first
 array argument) is seen, every config is run on the real arguments (one
-warm-up, then ``repeat`` timed runs; the median counts); the fastest is kept
+warm-up each, ``WARM_UP`` seconds more of them all, then ``repeat`` rounds
+that time every config once; a config's median counts); the fastest is kept
 in memory and in a JSON file in the user's cache directory, and reused
 afterwards, also by later processes. Example::
 
@@ -55,6 +56,11 @@ __all__ = ["autotune", "Autotuner", "AutotuneCacheWarning", "enabled", "cache_di
            "cache_path", "device_name", "register_tuning", "tune_main"]
 
 FORMAT = 1
+
+#: Seconds of untimed runs before a tuning's timed rounds: on the
+#: development VM the first 5-10 ms of work after an idle spell ran up to
+#: 3.5x slower than the rest.
+WARM_UP = 0.02
 
 
 class AutotuneCacheWarning(UserWarning):
@@ -271,29 +277,50 @@ class Autotuner:
 
     # -- tuning -------------------------------------------------------------
 
-    def _time(self, args, kwargs, config):
-        for _ in range(self.warmup):
-            self.fn(*args, **kwargs, **config)
-        times = []
-        for _ in range(self.repeat):
-            t0 = time.perf_counter()
-            self.fn(*args, **kwargs, **config)
-            times.append(time.perf_counter() - t0)
-            if sum(times) > 2.0 and len(times) >= 3:  # large shapes: enough evidence
-                break
-        return statistics.median(times)
+    def _call(self, args, kwargs, config):
+        self.fn(*args, **kwargs, **config)
 
     def tune(self, args, kwargs, key=None, device=None):
-        """Time every config on these arguments; store and return the entry."""
+        """Time every config on these arguments; store and return the entry.
+
+        Every config first runs ``warmup`` times (compiling it) and then
+        for at least ``WARM_UP`` seconds (see there); then ``repeat`` rounds
+        time each config once, in alternating order, so that a burst of
+        load from elsewhere hits all configs alike instead of the one being
+        timed in its block (blocks per config once stored a 24 ms time
+        against 3 ms for the same shape, and the choice with it). The
+        median of a config's rounds counts; rounds stop early once they
+        have taken 2 s and at least 3 (large shapes).
+        """
         key = key or self.key_of(args, kwargs)
         device = device or self._device(args, kwargs)
-        times, errors = [], []
-        for config in self.configs:
+        samples, errors = {}, []
+        for i, config in enumerate(self.configs):
             try:
-                times.append([config, self._time(args, kwargs, config)])
+                for _ in range(self.warmup):
+                    self._call(args, kwargs, config)
+                samples[i] = []
             except Exception as e:  # a config that cannot run this shape loses
-                times.append([config, None])
                 errors.append(e)
+        if samples:
+            end = time.perf_counter() + WARM_UP
+            while time.perf_counter() < end:
+                for i in samples:
+                    self._call(args, kwargs, self.configs[i])
+                    if time.perf_counter() >= end:
+                        break
+        order = list(samples)
+        spent = 0.0
+        for r in range(self.repeat):
+            for i in (order if r % 2 == 0 else order[::-1]):
+                t0 = time.perf_counter()
+                self._call(args, kwargs, self.configs[i])
+                samples[i].append(time.perf_counter() - t0)
+                spent += samples[i][-1]
+            if spent > 2.0 and r >= 2:
+                break
+        times = [[config, statistics.median(samples[i]) if i in samples else None]
+                 for i, config in enumerate(self.configs)]
         if all(t is None for _, t in times):
             raise errors[0]
         entry = {"config": self.best_of({"times": times}), "times": times}

@@ -57,6 +57,19 @@ def test_tunes_once_then_reuses_memory_and_disk():
     assert len(calls2) > 3
 
 
+def test_tuning_rounds_interleave_configs(monkeypatch):
+    # each round times every config once, in alternating order, after one
+    # warm-up run each: a burst of load then hits all configs alike
+    monkeypatch.setattr(at, "WARM_UP", 0.0)
+    calls = []
+    f = make_tuner(calls)
+    f(np.ones(2, np.float32), n=3)
+    a, b, c = (cfg["delay"] for cfg in CONFIGS)
+    assert calls[:3] == [a, b, c]                       # warm-up
+    assert calls[3:12] == [a, b, c, c, b, a, a, b, c]   # three rounds
+    assert calls[12:] == [b]                            # the call itself, with the winner
+
+
 def test_disabled_uses_default(monkeypatch):
     monkeypatch.setenv("NBOPS_AUTOTUNE", "0")
     calls = []

@@ -33,9 +33,12 @@ CLOCK = time.perf_counter
 
 
 def _median_time(fn, rounds, pause):
+    from nbops.bench.harness import warm_up  # after the pause: see WARM_UP there
+
     times = []
     for _ in range(rounds):
         time.sleep(pause)
+        warm_up(fn)
         t0 = CLOCK()
         fn()
         times.append(CLOCK() - t0)

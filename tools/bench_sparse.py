@@ -28,6 +28,7 @@ from numba import prange
 import nbops
 from nbops import sparse
 from nbops._jit import cpu_kernel
+from nbops.bench.harness import warm_up
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from benchmarks.bench_sparse import powerlaw, uniform  # noqa: E402  (one definition)
@@ -41,11 +42,14 @@ def _copy(src, dst):
 
 def median_times(fns, repeat):
     """Median seconds of each function, run interleaved with pauses (thread
-    pools of one runtime must not steal the next one's cores)."""
+    pools of one runtime must not steal the next one's cores), each followed
+    by untimed calls (``nbops.bench.harness.warm_up``: work straight after a
+    sleep ran slower on the development VM)."""
     times = [[] for _ in fns]
     for _ in range(repeat):
         for t, f in zip(times, fns):
             time.sleep(0.05)
+            warm_up(f)
             t0 = time.perf_counter()
             f()
             t.append(time.perf_counter() - t0)

@@ -37,6 +37,7 @@ def main(argv=None):
     import numpy as np
 
     import nbops
+    from nbops.bench.harness import warm_up
     from nbops.cpu import tensor as kernels
 
     if args.tile is not None:
@@ -74,10 +75,11 @@ def main(argv=None):
     times = {k: [] for k in cases}
     for _ in range(args.reps):  # interleaved, so drifting load hits all alike
         for k, f in cases.items():
+            time.sleep(0.05)
+            warm_up(f)  # work straight after a sleep ran slower on the development VM
             t = clock()
             f()
             times[k].append(clock() - t)
-            time.sleep(0.05)
     med = {k: float(np.median(v)) for k, v in times.items()}
     nbytes = 2 * a.nbytes
     print(f"n={n} {args.dtype} threads={nbops.get_num_threads()} TILE={kernels.TILE} "

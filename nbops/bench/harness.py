@@ -274,6 +274,25 @@ def _sync_for(device):
 BLAS_PAUSE = 0.3
 
 
+#: Seconds of untimed calls after each pause: on the development VM the
+#: first 5-10 ms of work after any sleep ran 3.5x slower (a 4M-element gelu
+#: 5.5 ms instead of 1.5; the host takes a while to give an idle vCPU its
+#: full speed back), and a block timed straight after the pause measured
+#: that instead of the kernel.
+WARM_UP = 0.02
+
+
+def warm_up(f, sync=None, seconds=WARM_UP):
+    """Call ``f`` (at least once) until ``seconds`` have passed."""
+    end = time.perf_counter() + seconds
+    while True:
+        f()
+        if sync is not None:
+            sync()
+        if time.perf_counter() >= end:
+            return
+
+
 def time_interleaved(fns, rounds=5, pause=0.05, min_block=0.02, sync=None):
     """Median seconds per call of each function in ``fns``.
 
@@ -281,7 +300,8 @@ def time_interleaved(fns, rounds=5, pause=0.05, min_block=0.02, sync=None):
     block of calls lasting about ``min_block`` seconds, the order reversed on
     alternate rounds so that drift hits all alike, with ``pause`` seconds of
     sleep before each block (thread pools that spin after a call would
-    otherwise steal cores from the next library).
+    otherwise steal cores from the next library), followed by ``WARM_UP``
+    seconds of untimed calls of the same function (see there).
     """
     sync = sync or (lambda: None)
     blocks = []
@@ -295,9 +315,10 @@ def time_interleaved(fns, rounds=5, pause=0.05, min_block=0.02, sync=None):
     order = list(range(len(fns)))
     for r in range(rounds):
         for i in (order if r % 2 == 0 else order[::-1]):
+            f, k = fns[i], blocks[i]
             if pause:
                 time.sleep(pause)
-            f, k = fns[i], blocks[i]
+                warm_up(f, sync)
             t0 = time.perf_counter()
             for _ in range(k):
                 f()
