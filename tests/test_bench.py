@@ -5,6 +5,8 @@ figures and the correctness of every registered case's baseline."""
 
 import math
 
+import time
+
 import numpy as np
 import pytest
 
@@ -160,6 +162,25 @@ def test_time_interleaved_runs_every_function_each_round():
     times = harness.time_interleaved([f0, f1], rounds=3, pause=0.0, min_block=0.0)
     assert len(times) == 2 and all(t >= 0 for t in times)
     assert calls == [4, 4]  # one calibration call, then one per round
+
+
+def test_warm_up_after_each_pause():
+    # after a pause, each function runs untimed for WARM_UP seconds (at
+    # least once) before its timed block
+    stamps = []
+    t0 = time.perf_counter()
+    harness.warm_up(lambda: stamps.append(time.perf_counter()), seconds=0.01)
+    assert stamps and stamps[-1] - t0 >= 0.01
+    stamps.clear()
+    harness.warm_up(lambda: stamps.append(1), seconds=0.0)
+    assert stamps == [1]
+    calls = [0]
+
+    def f():
+        calls[0] += 1
+
+    harness.time_interleaved([f], rounds=2, pause=0.001, min_block=0.0)
+    assert calls[0] >= 1 + 2 * 2  # calibration, then warm-up and timed call per round
 
 
 def test_measure_copy_and_parallel_copy():
