@@ -4,7 +4,6 @@ is asserted, only the arithmetic that turns timings into the reported
 figures and the correctness of every registered case's baseline."""
 
 import math
-
 import time
 
 import numpy as np
