@@ -17,8 +17,10 @@ norm folded in) and ``act`` is 0 (none) or 1 (relu). Three algorithms:
   pass. The epilogue (bias per output channel, relu) runs on each MR x NR
   tile straight after its last k slice, while the tile is in L1: the output
   is written once.
-* ``blas``: im2col of one image (all of it, in parallel), NumPy's BLAS on
-  it, then the epilogue; an autotuner candidate that wins on some shapes.
+* ``blas``: im2col of one image (all of it, in parallel), the GEMM's BLAS
+  route on it (SciPy's BLAS, one single-threaded call per band of the
+  output inside Numba's threads), then the epilogue; an autotuner
+  candidate that wins on some shapes.
 * ``depthwise`` (one input channel per group: depthwise, with or without a
   channel multiplier): a direct kernel, ``prange`` over output planes,
   vectorised along the output row (each tap adds ``w * x[row]`` to a row
@@ -36,6 +38,7 @@ import numpy as np
 from numba import get_num_threads, prange
 from numba.extending import register_jitable
 
+from .. import _formulas
 from .._jit import cpu_kernel
 from . import linalg as _linalg
 
@@ -389,20 +392,28 @@ def _im2col(xf, geo, colf):
         dst = t * p_all
         iw0 = kw * dw - pw
         lo, hi = _segment_bounds(iw0, OW, sw, W)
+        # unsigned indices and a unit-stride branch: the short rows of late
+        # layers (14 pixels) were copied element by element with signed,
+        # wraparound-checked indices (0.39 ms for a 256-channel 14x14 3x3)
         for oh in range(OH):
             ih = oh * sh - ph + kh * dh
-            row = colf[dst + oh * OW:dst + oh * OW + OW]
+            d0 = U(dst + oh * OW)
             if ih < 0 or ih >= H:
-                for ow in range(OW):
-                    row[ow] = zero
+                for ow in range(U(OW)):
+                    colf[d0 + ow] = zero
             else:
-                src = base + ih * W + iw0
-                for ow in range(lo):
-                    row[ow] = zero
-                for ow in range(lo, hi):
-                    row[ow] = xf[src + ow * sw]
-                for ow in range(hi, OW):
-                    row[ow] = zero
+                src = U(base + ih * W + iw0)
+                for ow in range(U(lo)):
+                    colf[d0 + ow] = zero
+                if sw == 1:
+                    for ow in range(U(lo), U(hi)):
+                        colf[d0 + ow] = xf[src + ow]
+                else:
+                    usw = U(sw)
+                    for ow in range(U(lo), U(hi)):
+                        colf[d0 + ow] = xf[src + ow * usw]
+                for ow in range(U(hi), U(OW)):
+                    colf[d0 + ow] = zero
 
 
 def col2im(col, geo, gx):
@@ -448,15 +459,24 @@ def _blas_route(x, w, wscale, bias, out, geo, act):
     pointwise = KH == 1 and KW == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0
     col = np.empty((1, G, k, p), x.dtype)
     zero = out.dtype.type(0)
+    wflat = np.ascontiguousarray(wm).reshape(-1)
+    # every group's product through the GEMM's BLAS route (SciPy's BLAS on
+    # one thread per band inside Numba's threads): NumPy's np.dot ran its
+    # own thread pool, which spun against Numba's between the im2col and
+    # epilogue kernels (each product 4-8 ms longer on 2 cores)
+    offa = np.arange(G, dtype=np.int64) * (mg * k)
+    offb = np.arange(G, dtype=np.int64) * (k * p)
+    none = np.empty(0, out.dtype)
+    prm, cst = _formulas.params(out.dtype), _formulas.consts(out.dtype)
     for n in range(x.shape[0]):
         if pointwise:  # the patch matrix is the image itself
             col = x[n:n + 1].reshape(1, G, k, p)
         else:
             im2col(x[n:n + 1], geo, col)
-        on = out[n].reshape(G, mg, p)
-        for g in range(G):
-            np.dot(wm[g], col[0, g], out=on[g])
-        _epilogue_all(out[n].reshape(-1), p, CO, bias, act, zero)
+        _linalg.gemm_blas(wflat, offa, k, 1, col.reshape(-1), offb, p, 1,
+                          out[n].reshape(G, mg, p), mg, p, k, none, 0, prm, cst)
+        if act or bias.size:
+            _epilogue_all(out[n].reshape(-1), p, CO, bias, act, zero)
 
 
 @cpu_kernel(parallel=True)
