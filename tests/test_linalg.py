@@ -42,7 +42,43 @@ def no_tuning(monkeypatch):
 
 @pytest.fixture
 def small_blocks(monkeypatch):
+    # the packed kernel with tiny blocks: products of few rows would
+    # otherwise take the matrix-vector route (tested on its own below)
+    from nbops.cpu import linalg as cpu
+
     monkeypatch.setattr(linalg._cpu_gemm, "default", dict(SMALL))
+    monkeypatch.setattr(cpu, "GEMV_MAX_ROWS", 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_gemv_route(monkeypatch, m, dtype):
+    # few rows of A: dot products against W's rows (linear, B = W.T) or
+    # row updates (x @ B); k not a multiple of 4, n not of 16, more column
+    # blocks asked for than columns in the narrow case; the epilogue on
+    # every block
+    from nbops.cpu import linalg as cpu
+
+    calls = []
+    real = cpu._gemv
+    monkeypatch.setattr(cpu, "_gemv", lambda *a: calls.append(a[-1]) or real(*a))
+    rng = np.random.default_rng(m)
+    for k, n in [(37, 150), (8, 5), (300, 1000)]:
+        x, w, b = rand(rng, (m, k), dtype), rand(rng, (n, k), dtype), rand(rng, (n,), dtype)
+        want = x.astype(np.float64) @ w.T.astype(np.float64)
+        check(nbops.linear(x, w, impl="nbops"), want, dtype, k)
+        check(nbops.linear(x, w, b, activation="relu", impl="nbops"),
+              np.maximum(want + b, 0), dtype, k)
+        bt = np.ascontiguousarray(w.T)
+        check(nbops.matmul(x, bt, impl="nbops"), want, dtype, k)
+        check(nbops.matmul(x[:, ::1], w.T, impl="nbops"), want, dtype, k)
+    assert len(calls) == 12
+    b = rand(rng, (8, 20), dtype)[:, ::2]                            # no unit stride: packed
+    check(nbops.matmul(x[:, :8], b, impl="nbops"), x[:, :8] @ b, dtype, 8)
+    assert len(calls) == 12
+    assert cpu.gemv_route(1, 16, 5, 3, 1, 1, 7) and not cpu.gemv_route(1, 17, 5, 3, 1, 1, 7)
+    assert not cpu.gemv_route(2, 1, 5, 3, 1, 1, 7) and not cpu.gemv_route(1, 1, 5, 3, 2, 1, 7)
+    assert not cpu.gemv_route(1, 1, 5, 3, 1, 2, 3) and cpu.gemv_route(1, 1, 5, 3, 1, 3, 1)
 
 
 def rand(rng, shape, dtype=np.float64):
