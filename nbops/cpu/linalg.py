@@ -174,6 +174,19 @@ def _pack_b_sliver(bbuf, off, sbk, sbn, kc, nc, jr, nr, bpack, zero):
     src0 = off + jr * nr * sbn
     cols = min(nr, nc - jr * nr)
     sliver = bpack[jr]
+    if sbk == 1 and sbn != 1:
+        # B's columns contiguous (a linear layer's weight, B = W.T): read
+        # each column in order and write it down the sliver; walking the
+        # rows instead read every element from a different cache line
+        # (linear at batch 64 against 4096 x 4096 ran at half NumPy's speed)
+        for j in range(cols):
+            src = src0 + j * sbn
+            for p in range(kc):
+                sliver[p, j] = bbuf[src + p]
+        for p in range(kc):
+            for j in range(cols, nr):
+                sliver[p, j] = zero
+        return
     for p in range(kc):
         src = src0 + p * sbk
         for j in range(cols):
