@@ -152,6 +152,27 @@ def _epilogue_rows(of, coff, ld, rows, cols, bias, row0, act, zero):
                 of[r0 + j] += b
 
 
+@register_jitable(inline="always")
+def _window_row(dst, d0, xf, src, lo, hi, seg, sw, zero):
+    """One output row of a window: ``dst[d0 + t]`` for t in [0, seg) is
+    ``xf[src + t * sw]`` for t in [lo, hi) and zero (padding) elsewhere.
+    Unsigned offsets (``src`` may wrap below zero; the sums come out right)
+    and a unit-stride branch: the short rows of late layers (14 pixels)
+    copied with signed, wraparound-checked indices took 0.39 ms for the
+    im2col of a 256-channel 14x14 3x3 convolution, 0.11 ms this way."""
+    for t in range(U(lo)):
+        dst[d0 + t] = zero
+    if sw == 1:
+        for t in range(U(lo), U(hi)):
+            dst[d0 + t] = xf[src + t]
+    else:
+        usw = U(sw)
+        for t in range(U(lo), U(hi)):
+            dst[d0 + t] = xf[src + t * usw]
+    for t in range(U(hi), U(seg)):
+        dst[d0 + t] = zero
+
+
 @register_jitable
 def _segment_bounds(i0, seg, step, size):
     """``(lo, hi)``: the t in [0, seg) with ``0 <= i0 + t*step < size`` form
@@ -212,18 +233,7 @@ def _pack_cols_t(xf, xoff, geo, pc, kc, jc, nc, bpack, line, zero):
             else:
                 iw0 = ow * sw - pw + kw * dw
                 lo, hi = _segment_bounds(iw0, seg, sw, W)
-                for t in range(U(lo)):
-                    line[uj + t] = zero
-                src = U(base + ih * W + iw0)
-                if sw == 1:
-                    for t in range(U(lo), U(hi)):
-                        line[uj + t] = xf[src + t]
-                else:
-                    usw = U(sw)
-                    for t in range(U(lo), U(hi)):
-                        line[uj + t] = xf[src + t * usw]
-                for t in range(U(hi), U(seg)):
-                    line[uj + t] = zero
+                _window_row(line, uj, xf, U(base + ih * W + iw0), lo, hi, seg, sw, zero)
             j += seg
             oh += 1
             ow = 0
@@ -392,9 +402,6 @@ def _im2col(xf, geo, colf):
         dst = t * p_all
         iw0 = kw * dw - pw
         lo, hi = _segment_bounds(iw0, OW, sw, W)
-        # unsigned indices and a unit-stride branch: the short rows of late
-        # layers (14 pixels) were copied element by element with signed,
-        # wraparound-checked indices (0.39 ms for a 256-channel 14x14 3x3)
         for oh in range(OH):
             ih = oh * sh - ph + kh * dh
             d0 = U(dst + oh * OW)
@@ -402,18 +409,7 @@ def _im2col(xf, geo, colf):
                 for ow in range(U(OW)):
                     colf[d0 + ow] = zero
             else:
-                src = U(base + ih * W + iw0)
-                for ow in range(U(lo)):
-                    colf[d0 + ow] = zero
-                if sw == 1:
-                    for ow in range(U(lo), U(hi)):
-                        colf[d0 + ow] = xf[src + ow]
-                else:
-                    usw = U(sw)
-                    for ow in range(U(lo), U(hi)):
-                        colf[d0 + ow] = xf[src + ow * usw]
-                for ow in range(U(hi), U(OW)):
-                    colf[d0 + ow] = zero
+                _window_row(colf, d0, xf, U(base + ih * W + iw0), lo, hi, OW, sw, zero)
 
 
 def col2im(col, geo, gx):
