@@ -55,7 +55,11 @@ import warnings
 __all__ = ["autotune", "Autotuner", "AutotuneCacheWarning", "enabled", "cache_dir",
            "cache_path", "device_name", "register_tuning", "tune_main"]
 
-FORMAT = 1
+#: Cache file format. 2: configs timed round by round after a warm-up, and
+#: new routes among them (the GEMM's matrix-vector route, the convolution's
+#: BLAS route off NumPy's thread pool); format 1 files held choices timed
+#: one config block at a time, some under load, and are re-tuned.
+FORMAT = 2
 
 #: Seconds of untimed runs before a tuning's timed rounds: on the
 #: development VM the first 5-10 ms of work after an idle spell ran up to
