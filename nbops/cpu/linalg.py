@@ -575,7 +575,7 @@ def gemm(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act, pr
 
 
 # ---------------------------------------------------------------------------
-# Few rows of A (a linear layer at batch 1-4): matrix-vector products
+# Few rows of A (a linear layer at batch 1-16): matrix-vector products
 
 #: Rows of A up to which one product (no batch) is GEMV-shaped: each element
 #: of B is read from memory once and used ``m`` times, too few to pay for
@@ -599,80 +599,87 @@ def gemv_route(nbatch, m, n, k, sak, sbk, sbn):
 @cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
 def _gemv(abuf, a0, sam, bbuf, b0, sbk, sbn, outf, m, n, k, bias, act, prm, cst, blocks):
     """``C = act(A @ B + bias)`` for an m x k A with unit column stride, C
-    (m x n) split into ``blocks`` column blocks over the threads.
-
-    Columns of B contiguous (``sbk == 1``, B = W.T): each C element is a
-    dot product of an A row with a B column (a W row), summed in vector
-    lanes (reassociated); the m rows of A reuse each B column from L1.
-    Rows of B contiguous: each block accumulates ``A[i, p] * B[p, block]``
-    over p in C itself (in L1). B is read once either way."""
-    zero = cst.zero
+    (m x n) split into ``blocks`` column blocks over the threads; B's
+    columns (``sbk == 1``) or rows contiguous. B is read once."""
     for t in prange(blocks):
-        # block edges on multiples of 16 columns: the row updates below then
-        # run in whole vectors, without a scalar remainder per row of B
+        # block edges on multiples of 16 columns: the row updates then run
+        # in whole vectors, without a scalar remainder per row of B
         j0 = min(n, (t * n // blocks + 8) // 16 * 16)
         j1 = n if t == blocks - 1 else min(n, ((t + 1) * n // blocks + 8) // 16 * 16)
-        w = j1 - j0
-        if w <= 0:
+        if j1 <= j0:
             continue
         if sbk == 1:
-            # four columns at a time: four independent sums per A element
-            # loaded (1.5x the speed of one column at a time in L3)
-            j4 = j0 + (w // 4) * 4
-            for j in range(j0, j4, 4):
-                c0 = bbuf[b0 + j * sbn:b0 + j * sbn + k]
-                c1 = bbuf[b0 + (j + 1) * sbn:b0 + (j + 1) * sbn + k]
-                c2 = bbuf[b0 + (j + 2) * sbn:b0 + (j + 2) * sbn + k]
-                c3 = bbuf[b0 + (j + 3) * sbn:b0 + (j + 3) * sbn + k]
-                for i in range(m):
-                    row = abuf[a0 + i * sam:a0 + i * sam + k]
-                    s0 = s1 = s2 = s3 = zero
-                    for p in range(k):
-                        a = row[p]
-                        s0 += a * c0[p]
-                        s1 += a * c1[p]
-                        s2 += a * c2[p]
-                        s3 += a * c3[p]
-                    outf[i * n + j] = s0
-                    outf[i * n + j + 1] = s1
-                    outf[i * n + j + 2] = s2
-                    outf[i * n + j + 3] = s3
-            for j in range(j4, j1):
-                col = bbuf[b0 + j * sbn:b0 + j * sbn + k]
-                for i in range(m):
-                    row = abuf[a0 + i * sam:a0 + i * sam + k]
-                    acc = zero
-                    for p in range(k):
-                        acc += row[p] * col[p]
-                    outf[i * n + j] = acc
+            _column_dots(abuf, a0, sam, bbuf, b0, sbn, outf, m, n, k, j0, j1, cst.zero)
         else:
-            for i in range(m):
-                outf[i * n + j0:i * n + j1] = zero
-            # four rows of B per pass over the C block (one load and store of
-            # C per four products), each used by every row of A from L1
-            k4 = (k // 4) * 4
-            for p in range(0, k4, 4):
-                r0 = bbuf[b0 + p * sbk + j0:b0 + p * sbk + j1]
-                r1 = bbuf[b0 + (p + 1) * sbk + j0:b0 + (p + 1) * sbk + j1]
-                r2 = bbuf[b0 + (p + 2) * sbk + j0:b0 + (p + 2) * sbk + j1]
-                r3 = bbuf[b0 + (p + 3) * sbk + j0:b0 + (p + 3) * sbk + j1]
-                for i in range(m):
-                    x0 = abuf[a0 + i * sam + p]
-                    x1 = abuf[a0 + i * sam + p + 1]
-                    x2 = abuf[a0 + i * sam + p + 2]
-                    x3 = abuf[a0 + i * sam + p + 3]
-                    dst = outf[i * n + j0:i * n + j1]
-                    for j in range(w):
-                        dst[j] += (x0 * r0[j] + x1 * r1[j]) + (x2 * r2[j] + x3 * r3[j])
-            for p in range(k4, k):
-                src = bbuf[b0 + p * sbk + j0:b0 + p * sbk + j1]
-                for i in range(m):
-                    a = abuf[a0 + i * sam + p]
-                    dst = outf[i * n + j0:i * n + j1]
-                    for j in range(w):
-                        dst[j] += a * src[j]
+            _row_updates(abuf, a0, sam, bbuf, b0, sbk, outf, m, n, k, j0, j1, cst.zero)
         if act != 0 or bias.size > 0:
-            _epilogue_tile(outf, j0, n, m, w, bias, j0, act, prm, cst)
+            _epilogue_tile(outf, j0, n, m, j1 - j0, bias, j0, act, prm, cst)
+
+
+@register_jitable
+def _column_dots(abuf, a0, sam, bbuf, b0, sbn, outf, m, n, k, j0, j1, zero):
+    # C[:, j0:j1] as dot products of A's rows with B's columns (a linear
+    # layer's weight rows), summed in vector lanes (reassociated), four
+    # columns at a time: four independent sums per element of A loaded (1.5x
+    # one column at a time, in L3); each column is reused from L1 by A's rows
+    j4 = j0 + (j1 - j0) // 4 * 4
+    for j in range(j0, j4, 4):
+        c0 = bbuf[b0 + j * sbn:b0 + j * sbn + k]
+        c1 = bbuf[b0 + (j + 1) * sbn:b0 + (j + 1) * sbn + k]
+        c2 = bbuf[b0 + (j + 2) * sbn:b0 + (j + 2) * sbn + k]
+        c3 = bbuf[b0 + (j + 3) * sbn:b0 + (j + 3) * sbn + k]
+        for i in range(m):
+            row = abuf[a0 + i * sam:a0 + i * sam + k]
+            s0 = s1 = s2 = s3 = zero
+            for p in range(k):
+                a = row[p]
+                s0 += a * c0[p]
+                s1 += a * c1[p]
+                s2 += a * c2[p]
+                s3 += a * c3[p]
+            outf[i * n + j] = s0
+            outf[i * n + j + 1] = s1
+            outf[i * n + j + 2] = s2
+            outf[i * n + j + 3] = s3
+    for j in range(j4, j1):
+        col = bbuf[b0 + j * sbn:b0 + j * sbn + k]
+        for i in range(m):
+            row = abuf[a0 + i * sam:a0 + i * sam + k]
+            acc = zero
+            for p in range(k):
+                acc += row[p] * col[p]
+            outf[i * n + j] = acc
+
+
+@register_jitable
+def _row_updates(abuf, a0, sam, bbuf, b0, sbk, outf, m, n, k, j0, j1, zero):
+    # C[:, j0:j1] accumulated in place (in L1) from B's rows, four rows of B
+    # per pass over C (one load and store of C per four products), each row
+    # segment reused from L1 by A's rows
+    w = j1 - j0
+    for i in range(m):
+        outf[i * n + j0:i * n + j1] = zero
+    k4 = k // 4 * 4
+    for p in range(0, k4, 4):
+        r0 = bbuf[b0 + p * sbk + j0:b0 + p * sbk + j1]
+        r1 = bbuf[b0 + (p + 1) * sbk + j0:b0 + (p + 1) * sbk + j1]
+        r2 = bbuf[b0 + (p + 2) * sbk + j0:b0 + (p + 2) * sbk + j1]
+        r3 = bbuf[b0 + (p + 3) * sbk + j0:b0 + (p + 3) * sbk + j1]
+        for i in range(m):
+            x0 = abuf[a0 + i * sam + p]
+            x1 = abuf[a0 + i * sam + p + 1]
+            x2 = abuf[a0 + i * sam + p + 2]
+            x3 = abuf[a0 + i * sam + p + 3]
+            dst = outf[i * n + j0:i * n + j1]
+            for j in range(w):
+                dst[j] += (x0 * r0[j] + x1 * r1[j]) + (x2 * r2[j] + x3 * r3[j])
+    for p in range(k4, k):
+        src = bbuf[b0 + p * sbk + j0:b0 + p * sbk + j1]
+        for i in range(m):
+            a = abuf[a0 + i * sam + p]
+            dst = outf[i * n + j0:i * n + j1]
+            for j in range(w):
+                dst[j] += a * src[j]
 
 
 #: Bytes of C one BLAS band spans at most when an epilogue runs on it (about
