@@ -61,9 +61,9 @@ __all__ = ["autotune", "Autotuner", "AutotuneCacheWarning", "enabled", "cache_di
 #: one config block at a time, some under load, and are re-tuned.
 FORMAT = 2
 
-#: Seconds of untimed runs before a tuning's timed rounds: on the
-#: development VM the first 5-10 ms of work after an idle spell ran up to
-#: 3.5x slower than the rest.
+#: Seconds of untimed runs before a tuning's timed rounds (and, in the
+#: benchmark harness, after each pause): on the development VM the first
+#: 5-10 ms of work after an idle spell ran up to 3.5x slower than the rest.
 WARM_UP = 0.02
 
 

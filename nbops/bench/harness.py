@@ -27,6 +27,7 @@ import numpy as np
 from numba import prange
 
 from .._jit import cpu_kernel
+from ..autotune import WARM_UP
 
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
@@ -274,16 +275,12 @@ def _sync_for(device):
 BLAS_PAUSE = 0.3
 
 
-#: Seconds of untimed calls after each pause: on the development VM the
-#: first 5-10 ms of work after any sleep ran 3.5x slower (a 4M-element gelu
-#: 5.5 ms instead of 1.5; the host takes a while to give an idle vCPU its
-#: full speed back), and a block timed straight after the pause measured
-#: that instead of the kernel.
-WARM_UP = 0.02
-
-
 def warm_up(f, sync=None, seconds=WARM_UP):
-    """Call ``f`` (at least once) until ``seconds`` have passed."""
+    """Call ``f`` (at least once) until ``seconds`` have passed. After each
+    pause the harness runs ``WARM_UP`` seconds of untimed calls (the
+    autotuner's setting, see there): a block timed straight after a sleep
+    measured a host still giving the idle vCPU its speed back (a 4M-element
+    gelu 5.5 ms instead of 1.5)."""
     end = time.perf_counter() + seconds
     while True:
         f()

@@ -48,18 +48,25 @@ for _f in _lif.functions().values():
 del _f
 
 
-def _q(q, k, i):
-    """Parameter ``k`` of neuron ``i``: from ``[4, n]`` rows (per-neuron
-    parameters) or from a 4-tuple of scalars (shared ones, kept in
-    registers: rows of a shared value cost the sweep four L2 streams)."""
-    return q[k] if isinstance(q, tuple) else q[k, i]
+def _params(q, i):
+    """The parameters ``(beta, threshold, p2, p3)`` of neuron ``i``: from
+    ``[4, n]`` rows (per-neuron parameters), or the 4-tuple of scalars
+    itself (shared ones, kept in registers: rows of a shared value cost the
+    sweep four L2 streams)."""
+    return q if isinstance(q, tuple) else (q[0, i], q[1, i], q[2, i], q[3, i])
 
 
-@overload(_q, jit_options={"cache": False})
-def _q_typed(q, k, i):
+@overload(_params, jit_options={"cache": False})
+def _params_typed(q, i):
     if isinstance(q, types.BaseTuple):
-        return lambda q, k, i: q[k]
-    return lambda q, k, i: q[k, i]
+        return lambda q, i: q
+    return lambda q, i: (q[0, i], q[1, i], q[2, i], q[3, i])
+
+
+@register_jitable
+def _shared(prm):
+    # the shared ([4, 1]) parameters as the tuple of scalars _params takes
+    return (prm[0, 0], prm[1, 0], prm[2, 0], prm[3, 0])
 
 
 def _named(fn, name):
@@ -78,14 +85,11 @@ def _jitable(fn, name):
 
 
 def _rows(prm, j0, n):
-    # the chunk's parameters as contiguous rows, shared ([4, 1]) or per
-    # neuron ([4, M]): reading rows from L1 cost nothing measurable against
-    # scalars, and one form means one compiled loop
+    # the chunk's per-neuron parameters ([4, M]) as contiguous [4, n] rows
     pb = np.empty((4, n), prm.dtype)
-    per = prm.shape[1] > 1
     for k in range(4):
         for i in range(n):
-            pb[k, i] = prm[k, j0 + i if per else 0]
+            pb[k, i] = prm[k, j0 + i]
     return pb
 
 
@@ -100,7 +104,7 @@ def _forward_kernels(model):
         # optional is None-or-array (pruned at compile time): a scratch
         # store in this loop kept LLVM from vectorizing it (measured 2-3x).
         # sb is None for a LIF without refractory period (its second state
-        # stays 0); q is rows or a tuple of scalars (see _q).
+        # stays 0); q is rows or a tuple of scalars (see _params).
         # Rows are sliced first: an index ``j0 + i`` is signed, gets a
         # negative-wraparound select, and LLVM then loads it with gathers
         for t in range(x.shape[0]):
@@ -109,8 +113,7 @@ def _forward_kernels(model):
             tr = trace[t, j0:j0 + n] if trace is not None else None
             for i in range(n):
                 s, u, th, a2, b2 = step(xr[i], sa[i], sb[i] if sb is not None else c.zero,
-                                        (_q(q, 0, i), _q(q, 1, i), _q(q, 2, i), _q(q, 3, i)),
-                                        c)
+                                        _params(q, i), c)
                 sr[i] = s
                 sa[i] = a2
                 if sb is not None:
@@ -136,8 +139,7 @@ def _forward_kernels(model):
         if prm.shape[1] > 1:
             traced(x, j0, n, sa, sb, _rows(prm, j0, n), c, spk, trace, with_trace)
         else:
-            traced(x, j0, n, sa, sb, (prm[0, 0], prm[1, 0], prm[2, 0], prm[3, 0]), c, spk,
-                   trace, with_trace)
+            traced(x, j0, n, sa, sb, _shared(prm), c, spk, trace, with_trace)
 
     def traced(x, j0, n, sa, sb, q, c, spk, trace, with_trace):
         if with_trace:
@@ -240,8 +242,7 @@ def _backward_kernel(model, reset, detach):
             ur = uu[t]
             tr = tt[t]
             for i in range(n):
-                s, u, th, a2, b2 = step(xr[i], sa[i], sb[i],
-                                        (_q(q, 0, i), _q(q, 1, i), _q(q, 2, i), _q(q, 3, i)), c)
+                s, u, th, a2, b2 = step(xr[i], sa[i], sb[i], _params(q, i), c)
                 ur[i] = u
                 tr[i] = th
                 sa[i] = a2
@@ -276,8 +277,7 @@ def _backward_kernel(model, reset, detach):
                 gu_ext = gtr[i] if gtrace is not None else c.zero
                 g, ga2, gb2, db, dth = adj(gsr[i], gu_ext, u, th, vprev[i], u > th,
                                            sgr[i], ga[i], gb[i] if carry_b else c.zero,
-                                           (_q(q, 0, i), _q(q, 1, i), _q(q, 2, i), _q(q, 3, i)),
-                                           c)
+                                           _params(q, i), c)
                 gxr[i] = g
                 ga[i] = ga2
                 if carry_b:
@@ -324,13 +324,13 @@ def _backward_kernel(model, reset, detach):
 
     def chunk_body(x, a0, b0, prm, c, code, sp, j0, n, gs, gtrace, with_gtrace, ga_t, gb_t,
                    gx, ga0, gb0, gbeta, gthr):
-        # parameters as rows or as a tuple of scalars (see _q)
+        # parameters as rows or as a tuple of scalars (see _params)
         if prm.shape[1] > 1:
             traced(x, a0, b0, _rows(prm, j0, n), c, code, sp, j0, n, gs, gtrace, with_gtrace,
                    ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
         else:
-            traced(x, a0, b0, (prm[0, 0], prm[1, 0], prm[2, 0], prm[3, 0]), c, code, sp, j0, n,
-                   gs, gtrace, with_gtrace, ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
+            traced(x, a0, b0, _shared(prm), c, code, sp, j0, n, gs, gtrace, with_gtrace,
+                   ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
 
     body = _jitable(chunk_body, f"{model}_backward_chunk")
 
