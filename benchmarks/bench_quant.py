@@ -16,8 +16,10 @@ os.environ.setdefault("NBOPS_AUTOTUNE", "0")
 
 #: (m, k, n) products: the square 1024^3 and linear layers (batch x 4096 by 4096 x 4096).
 GEMM_SHAPES = [(1024, 1024, 1024), (64, 4096, 4096), (256, 4096, 4096)]
-#: ResNet-50 convolutions at batch 1: (C, OC, H=W, kernel, padding).
-CONV_SHAPES = [(64, 64, 56, 3, 1), (256, 64, 56, 1, 0), (256, 256, 14, 3, 1)]
+#: The ResNet-50 convolutions of the CNN issue at batch 1 and 8:
+#: (batch, C, OC, H=W, kernel, stride, padding).
+CONV_SHAPES = [(b,) + s for b in (1, 8) for s in [
+    (64, 64, 56, 3, 1, 1), (256, 64, 56, 1, 1, 0), (256, 256, 14, 3, 1, 1), (3, 64, 224, 7, 2, 3)]]
 
 
 def _quant():
@@ -150,8 +152,9 @@ class Linear:
 
 
 class Conv2d:
-    """QLinearConv-style int8 conv (batch 1, ResNet-50 shapes), requantized
-    to uint8, against float32 nbops.conv2d (and onnxruntime ConvInteger)."""
+    """QLinearConv-style int8 conv (ResNet-50 shapes, batch 1 and 8),
+    requantized to uint8, against float32 nbops.conv2d (and onnxruntime
+    ConvInteger)."""
 
     params = [CONV_SHAPES]
     param_names = ["shape"]
@@ -159,35 +162,38 @@ class Conv2d:
     def setup(self, shape):
         import nbops
 
-        c, oc, hgt, ksz, pad = shape
+        batch, c, oc, hgt, ksz, stride, pad = shape
         q = self.q = _quant()
         self.nbops = nbops
         rng = np.random.default_rng(2)
-        x = rng.integers(0, 256, (1, c, hgt, hgt), dtype=np.uint8)
+        x = rng.integers(0, 256, (batch, c, hgt, hgt), dtype=np.uint8)
         w = rng.integers(-128, 128, (oc, c, ksz, ksz), dtype=np.int8)
-        self.x, self.w, self.pad = x, w, pad
+        self.x, self.w, self.pad, self.stride = x, w, pad, stride
         self.qx = q.QTensor(x, 0.02, 128)
         self.pw = q.pack_weight(q.QTensor(w, np.full(oc, 0.001), np.zeros(oc), axis=0))
         self.xf, self.wf = x.astype(np.float32), w.astype(np.float32)
         self.time_int8(shape)
         self.time_float32_nbops(shape)
         self.ort = None
-        self.ops = 2 * oc * c * ksz * ksz * hgt * hgt
+        oh = (hgt + 2 * pad - ksz) // stride + 1
+        self.ops = 2 * batch * oc * c * ksz * ksz * oh * oh
 
     def time_int8(self, shape):
-        self.q.conv2d(self.qx, self.pw, padding=self.pad, out_scale=0.5, out_zero_point=128)
+        self.q.conv2d(self.qx, self.pw, stride=self.stride, padding=self.pad, out_scale=0.5,
+                      out_zero_point=128)
 
     def time_float32_nbops(self, shape):
-        self.nbops.conv2d(self.xf, self.wf, padding=self.pad)
+        self.nbops.conv2d(self.xf, self.wf, stride=self.stride, padding=self.pad)
 
     def time_onnxruntime(self, shape):
         if self.ort is None:
             from onnx import TensorProto, helper, numpy_helper
 
-            c, oc, hgt, ksz, pad = shape
+            batch, c, oc, hgt, ksz, stride, pad = shape
             self.ort, _ = _ort_session(
-                [helper.make_node("ConvInteger", ["X", "W"], ["Y"], pads=[pad] * 4)],
-                [helper.make_tensor_value_info("X", TensorProto.UINT8, [1, c, hgt, hgt])],
+                [helper.make_node("ConvInteger", ["X", "W"], ["Y"], pads=[pad] * 4,
+                                  strides=[stride] * 2)],
+                [helper.make_tensor_value_info("X", TensorProto.UINT8, [batch, c, hgt, hgt])],
                 [helper.make_tensor_value_info("Y", TensorProto.INT32, None)],
                 [numpy_helper.from_array(self.w.view(np.uint8) ^ np.uint8(0x80), "W")])
         self.ort.run(None, {"X": self.x})

@@ -326,6 +326,57 @@ def test_qlinear_conv(device, case, requant):
     np.testing.assert_array_equal(host(got.values), want)
 
 
+# Shapes whose tiles are full (32 output pixels and 8 channels) as well as
+# partial: the packer's direct path (a 1x1 sliver in one run), its gathered
+# runs at strides 1, 2 (the stem's) and 3, a last group of fewer than four
+# taps, and the epilogue's full-width row functions. CPU only: the CUDA
+# simulator would take minutes on them.
+CONV_FULL_TILES = [
+    ((1, 8, 12, 12), (16, 8, 1, 1), 1, 0, np.uint8),
+    ((1, 3, 19, 19), (8, 3, 7, 7), 2, 3, np.uint8),
+    ((1, 5, 20, 20), (9, 5, 3, 3), 3, 1, np.int8),
+    ((2, 6, 10, 13), (12, 6, 3, 3), 1, 1, np.int8),
+]
+
+
+@pytest.mark.parametrize("requant", ["fixed", "float", None])
+@pytest.mark.parametrize("case", CONV_FULL_TILES, ids=lambda c: f"{c[0]}*{c[1]}")
+def test_qlinear_conv_full_tiles(case, requant):
+    sx_shape, sw_shape, st, pad, dx = case
+    x, w = _ints(sx_shape, dx), _ints(sw_shape, np.int8)
+    oc = sw_shape[0]
+    zx = 130 if dx == np.uint8 else -6
+    sw = RNG.uniform(0.002, 0.02, oc)
+    zw = RNG.integers(-4, 5, oc)
+    bias = RNG.integers(-3000, 3000, oc).astype(np.int32)
+    qx, qw = QTensor(x, 0.04, zx), QTensor(w, sw, zw, axis=0)
+    acc = ref_conv(x, zx, w, zw, (st, st), (pad, pad), (1, 1), 1) + bias[None, :, None, None]
+    if requant is None:
+        got = Q.conv2d(qx, qw, bias, stride=st, padding=pad)
+        want = acc.astype(np.float32) * (np.float32(0.04) * sw.astype(np.float32))[
+            None, :, None, None]
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        return
+    got = Q.conv2d(qx, qw, bias, stride=st, padding=pad, out_scale=0.1, out_zero_point=100,
+                   out_dtype=np.uint8, requant=requant)
+    want = _requant_ref(acc, _real(0.04, sw, 0.1)[None, :, None, None], 100, np.uint8, requant)
+    np.testing.assert_array_equal(got.values, want)
+
+
+def test_conv_int32_epilogue_full_tiles():
+    # the int32 mode (no requantization) of the conv kernel, on full tiles
+    x, w = _ints((1, 8, 12, 12), np.uint8), _ints((16, 8, 3, 3), np.int8)
+    qw = QTensor(w, 1.0, 3)
+    pw = Q.pack_weight(qw)
+    gemm = importlib.import_module("nbops.quant.cpu_gemm")
+    out = np.empty((1, 16, 12, 12), np.int32)
+    e32 = np.empty(0, np.int32)
+    epi = (0, e32, e32, e32, 0, 0, 0, np.empty(0), np.empty(0, np.float32), True)
+    gemm.conv2d_op(x, 0, 7, pw, ((1, 1), (1, 1), (1, 1)), (12, 12), out, epi)
+    want = ref_conv(x, 7, w, np.full(16, 3), (1, 1), (1, 1), (1, 1), 1)
+    np.testing.assert_array_equal(out, want)
+
+
 def test_packed_conv_weight_is_reused():
     x, w = _ints((1, 4, 6, 6), np.uint8), _ints((8, 2, 3, 3), np.int8)
     qx, qw = QTensor(x, 0.1, 128), QTensor(w, 0.01, 0)

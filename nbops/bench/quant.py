@@ -27,12 +27,15 @@ F32 = np.dtype(np.float32)
 MAX_SIDE = 1024
 #: (batch, in_features, out_features) of the linear-layer cases.
 LINEAR_SHAPES = [(64, 4096, 4096), (256, 4096, 4096)]
-#: ResNet-50 convolutions at batch 1: (C, OC, H, kernel, stride, padding).
+#: The ResNet-50 convolutions of the CNN issue, at batch 1 and 8:
+#: name -> (C, OC, H, kernel, stride, padding).
 CONV_SHAPES = {
     "3x3_64_56": (64, 64, 56, 3, 1, 1),
     "1x1_256to64_56": (256, 64, 56, 1, 1, 0),
     "3x3_256_14": (256, 256, 14, 3, 1, 1),
+    "7x7s2_stem": (3, 64, 224, 7, 2, 3),
 }
+CONV_BATCHES = (1, 8)
 
 _PACKED = {}
 
@@ -118,45 +121,30 @@ def _numpy_linear(x, w, xf, wf, out):
     return out
 
 
-def _conv_setup(c, oc, hgt, ksz, stride, pad):
+def _conv_case(name, batch, c, oc, hgt, ksz, stride, pad):
+    """The Case of int8 conv2d against nbops' float32 conv2d at one shape."""
+    oh = (hgt + 2 * pad - ksz) // stride + 1
+
     def setup(size, dtype, rng):
-        x = rng.integers(0, 256, (1, c, hgt, hgt), dtype=np.uint8)
+        x = rng.integers(0, 256, (batch, c, hgt, hgt), dtype=np.uint8)
         w = rng.integers(-128, 128, (oc, c, ksz, ksz), dtype=np.int8)
         return x, w, x.astype(np.float32), w.astype(np.float32)
-    return setup
 
+    def int8(x, w, xf, wf, out):
+        return _q().conv2d(_qtensor()(x, 1.0, 0), _packed(w), stride=stride, padding=pad)
 
-def _conv_geometry(inputs):
-    x, w = inputs[0], inputs[1]
-    ksz = w.shape[2]
-    pad = ksz // 2
-    oh = x.shape[2] + 2 * pad - ksz + 1
-    return pad, oh
+    def f32(x, w, xf, wf, out):
+        return nbops.conv2d(xf, wf, stride=stride, padding=pad, out=out)
 
+    def reference(x, w, xf, wf):
+        # float64 conv through the float path of nbops (exact at these magnitudes)
+        return nbops.conv2d(x, w, stride=stride, padding=pad)
 
-def _conv_out(inputs):
-    _, oh = _conv_geometry(inputs)
-    return (1, inputs[1].shape[0], oh, oh), np.float32
-
-
-def _conv_ops(inputs):
-    x, w = inputs[0], inputs[1]
-    _, oh = _conv_geometry(inputs)
-    return 2 * w.shape[0] * w.shape[1] * w.shape[2] * w.shape[3] * oh * oh
-
-
-def _int8_conv(x, w, xf, wf, out):
-    pad, _ = _conv_geometry((x, w))
-    key = (id(w), w.shape)
-    if key not in _PACKED:
-        _PACKED.clear()
-        _PACKED[key] = _q().pack_weight(_qtensor()(w, 1.0, 0))
-    return _q().conv2d(_qtensor()(x, 1.0, 0), _PACKED[key], padding=pad)
-
-
-def _f32_conv(x, w, xf, wf, out):
-    pad, _ = _conv_geometry((x, w))
-    return nbops.conv2d(xf, wf, padding=pad, out=out)
+    return Case(f"quant_conv2d_{name}" + (f"_b{batch}" if batch > 1 else ""), setup, int8,
+                f32, reference=reference,
+                out_like=lambda inputs: ((batch, oc, oh, oh), np.float32),
+                flops=lambda inputs: 2 * batch * oc * c * ksz * ksz * oh * oh,
+                requires=("conv2d",), baseline_name="nbops float32 conv2d", **_COMMON)
 
 
 def _ref_gemm(a, b, af, bf):
@@ -165,12 +153,6 @@ def _ref_gemm(a, b, af, bf):
 
 def _ref_linear(x, w, xf, wf):
     return x @ w.T
-
-
-def _ref_conv(x, w, xf, wf):
-    # float64 conv through the float path of nbops (exact at these magnitudes)
-    pad, _ = _conv_geometry((x, w))
-    return nbops.conv2d(x, w, padding=pad)
 
 
 _COMMON = dict(dtypes=(F32,), tol=(1e-6, 1e-6))
@@ -191,8 +173,5 @@ for _b, _k, _n in LINEAR_SHAPES:
              _numpy_linear, reference=_ref_linear, out_like=_linear_out, flops=_linear_ops,
              baseline_name="numpy int32 matmul", **_COMMON),
     ]
-for _name, _shape in CONV_SHAPES.items():
-    CASES.append(
-        Case(f"quant_conv2d_{_name}", _conv_setup(*_shape), _int8_conv, _f32_conv,
-             reference=_ref_conv, out_like=_conv_out, flops=_conv_ops,
-             requires=("conv2d",), baseline_name="nbops float32 conv2d", **_COMMON))
+CASES += [_conv_case(_name, _b, *_shape) for _b in CONV_BATCHES
+          for _name, _shape in CONV_SHAPES.items()]
