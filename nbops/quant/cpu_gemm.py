@@ -356,14 +356,14 @@ def _make_copy_run(step):
             dp = context.make_array(signature.args[3])(context, builder, d).data
 
             def live(lanes, count):
-                # lanes < count, as a mask of ``lanes`` bits
-                idx = ir.Constant(ir.VectorType(i64, lanes), list(range(lanes)))
-                vt = ir.VectorType(i64, lanes)
-                cnt = builder.insert_element(ir.Constant(vt, ir.Undefined), count,
-                                             ir.Constant(i32, 0))
-                cnt = builder.shuffle_vector(cnt, ir.Constant(vt, ir.Undefined),
-                                             ir.Constant(ir.VectorType(i32, lanes), [0] * lanes))
-                return builder.icmp_unsigned("<", idx, cnt)
+                # the mask of lanes < count (1 <= count <= lanes): all ones
+                # shifted right, as a bit vector (one k-register move;
+                # comparing a lane index vector took 8 zmm compares)
+                it = ir.IntType(lanes)
+                bits = builder.lshr(ir.Constant(it, (1 << lanes) - 1),
+                                    builder.trunc(builder.sub(ir.Constant(i64, lanes), count),
+                                                  it))
+                return builder.bitcast(bits, ir.VectorType(i1, lanes))
 
             def masked(kind, lanes):
                 vt = ir.VectorType(i8, lanes)
