@@ -68,6 +68,14 @@ def _square(n, dtype, rng):
     return a, b, a.astype(np.float32), b.astype(np.float32)
 
 
+def _rect_setup(m, k, n):
+    def setup(size, dtype, rng):
+        a = rng.integers(0, 256, (m, k), dtype=np.uint8)
+        b = rng.integers(-128, 128, (k, n), dtype=np.int8)
+        return a, b, a.astype(np.float32), b.astype(np.float32)
+    return setup
+
+
 def _gemm_out(inputs):
     a, b = inputs[0], inputs[1]
     return (a.shape[0], b.shape[1]), np.int32
@@ -165,6 +173,11 @@ CASES = [
          baseline_name="nbops float32 matmul", **_COMMON),
 ]
 for _b, _k, _n in LINEAR_SHAPES:
+    # matmul_integer at the linear layers' shapes (B raw, packed per call)
+    CASES.append(
+        Case(f"quant_matmul_integer_b{_b}_vs_f32", _rect_setup(_b, _k, _n), _mi, _f32_gemm,
+             reference=_ref_gemm, out_like=_gemm_out, flops=_gemm_ops, requires=("matmul",),
+             baseline_name="nbops float32 matmul", **_COMMON))
     CASES += [
         Case(f"quant_linear_b{_b}", _linear_setup(_b, _k, _n), _int8_linear, _f32_linear,
              reference=_ref_linear, out_like=_linear_out, flops=_linear_ops,
