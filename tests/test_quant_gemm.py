@@ -301,6 +301,12 @@ CONV = [
 @pytest.mark.parametrize("requant", ["fixed", "float", None])
 @pytest.mark.parametrize("case", CONV, ids=lambda c: f"{c[0]}*{c[1]}")
 def test_qlinear_conv(device, case, requant):
+    _check_qlinear_conv(device, case, requant)
+
+
+def _check_qlinear_conv(device, case, requant):
+    # QLinearConv with per-channel weights and an int32 bias against the
+    # integer reference: float32 output, or requantized to uint8
     sx_shape, sw_shape, st, pad, dil, groups, dx = case
     pair = lambda v: v if isinstance(v, tuple) else (v, v)  # noqa: E731
     x, w = _ints(sx_shape, dx), _ints(sw_shape, np.int8)
@@ -332,35 +338,18 @@ def test_qlinear_conv(device, case, requant):
 # taps, and the epilogue's full-width row functions. CPU only: the CUDA
 # simulator would take minutes on them.
 CONV_FULL_TILES = [
-    ((1, 8, 12, 12), (16, 8, 1, 1), 1, 0, np.uint8),
-    ((1, 3, 19, 19), (8, 3, 7, 7), 2, 3, np.uint8),
-    ((1, 5, 20, 20), (9, 5, 3, 3), 3, 1, np.int8),
-    ((2, 6, 10, 13), (12, 6, 3, 3), 1, 1, np.int8),
+    # x shape, w shape, stride, padding, dilation, groups, x dtype
+    ((1, 8, 12, 12), (16, 8, 1, 1), 1, 0, 1, 1, np.uint8),
+    ((1, 3, 19, 19), (8, 3, 7, 7), 2, 3, 1, 1, np.uint8),
+    ((1, 5, 20, 20), (9, 5, 3, 3), 3, 1, 1, 1, np.int8),
+    ((2, 6, 10, 13), (12, 6, 3, 3), 1, 1, 1, 1, np.int8),
 ]
 
 
 @pytest.mark.parametrize("requant", ["fixed", "float", None])
 @pytest.mark.parametrize("case", CONV_FULL_TILES, ids=lambda c: f"{c[0]}*{c[1]}")
 def test_qlinear_conv_full_tiles(case, requant):
-    sx_shape, sw_shape, st, pad, dx = case
-    x, w = _ints(sx_shape, dx), _ints(sw_shape, np.int8)
-    oc = sw_shape[0]
-    zx = 130 if dx == np.uint8 else -6
-    sw = RNG.uniform(0.002, 0.02, oc)
-    zw = RNG.integers(-4, 5, oc)
-    bias = RNG.integers(-3000, 3000, oc).astype(np.int32)
-    qx, qw = QTensor(x, 0.04, zx), QTensor(w, sw, zw, axis=0)
-    acc = ref_conv(x, zx, w, zw, (st, st), (pad, pad), (1, 1), 1) + bias[None, :, None, None]
-    if requant is None:
-        got = Q.conv2d(qx, qw, bias, stride=st, padding=pad)
-        want = acc.astype(np.float32) * (np.float32(0.04) * sw.astype(np.float32))[
-            None, :, None, None]
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
-        return
-    got = Q.conv2d(qx, qw, bias, stride=st, padding=pad, out_scale=0.1, out_zero_point=100,
-                   out_dtype=np.uint8, requant=requant)
-    want = _requant_ref(acc, _real(0.04, sw, 0.1)[None, :, None, None], 100, np.uint8, requant)
-    np.testing.assert_array_equal(got.values, want)
+    _check_qlinear_conv("cpu", case, requant)
 
 
 def test_conv_int32_epilogue_full_tiles():

@@ -61,19 +61,22 @@ def _packed(w):
     return _PACKED[key]
 
 
-def _square(n, dtype, rng):
-    side = max(4, min(MAX_SIDE, math.isqrt(n)))
-    a = rng.integers(0, 256, (side, side), dtype=np.uint8)
-    b = rng.integers(-128, 128, (side, side), dtype=np.int8)
+def _draw(rng, a_shape, b_shape):
+    """uint8 A and int8 B of these shapes, and their float32 copies (the
+    inputs of every case here)."""
+    a = rng.integers(0, 256, a_shape, dtype=np.uint8)
+    b = rng.integers(-128, 128, b_shape, dtype=np.int8)
     return a, b, a.astype(np.float32), b.astype(np.float32)
 
 
-def _rect_setup(m, k, n):
-    def setup(size, dtype, rng):
-        a = rng.integers(0, 256, (m, k), dtype=np.uint8)
-        b = rng.integers(-128, 128, (k, n), dtype=np.int8)
-        return a, b, a.astype(np.float32), b.astype(np.float32)
-    return setup
+def _fixed(a_shape, b_shape):
+    """A setup drawing operands of fixed shapes (whatever the size asked)."""
+    return lambda size, dtype, rng: _draw(rng, a_shape, b_shape)
+
+
+def _square(n, dtype, rng):
+    side = max(4, min(MAX_SIDE, math.isqrt(n)))
+    return _draw(rng, (side, side), (side, side))
 
 
 def _gemm_out(inputs):
@@ -96,14 +99,6 @@ def _numpy_int32(a, b, af, bf, out):
 
 def _f32_gemm(a, b, af, bf, out):
     return nbops.matmul(af, bf)
-
-
-def _linear_setup(batch, k, n):
-    def setup(size, dtype, rng):
-        x = rng.integers(0, 256, (batch, k), dtype=np.uint8)
-        w = rng.integers(-128, 128, (n, k), dtype=np.int8)
-        return x, w, x.astype(np.float32), w.astype(np.float32)
-    return setup
 
 
 def _linear_out(inputs):
@@ -133,11 +128,6 @@ def _conv_case(name, batch, c, oc, hgt, ksz, stride, pad):
     """The Case of int8 conv2d against nbops' float32 conv2d at one shape."""
     oh = (hgt + 2 * pad - ksz) // stride + 1
 
-    def setup(size, dtype, rng):
-        x = rng.integers(0, 256, (batch, c, hgt, hgt), dtype=np.uint8)
-        w = rng.integers(-128, 128, (oc, c, ksz, ksz), dtype=np.int8)
-        return x, w, x.astype(np.float32), w.astype(np.float32)
-
     def int8(x, w, xf, wf, out):
         return _q().conv2d(_qtensor()(x, 1.0, 0), _packed(w), stride=stride, padding=pad)
 
@@ -148,6 +138,7 @@ def _conv_case(name, batch, c, oc, hgt, ksz, stride, pad):
         # float64 conv through the float path of nbops (exact at these magnitudes)
         return nbops.conv2d(x, w, stride=stride, padding=pad)
 
+    setup = _fixed((batch, c, hgt, hgt), (oc, c, ksz, ksz))
     return Case(f"quant_conv2d_{name}" + (f"_b{batch}" if batch > 1 else ""), setup, int8,
                 f32, reference=reference,
                 out_like=lambda inputs: ((batch, oc, oh, oh), np.float32),
@@ -175,14 +166,14 @@ CASES = [
 for _b, _k, _n in LINEAR_SHAPES:
     # matmul_integer at the linear layers' shapes (B raw, packed per call)
     CASES.append(
-        Case(f"quant_matmul_integer_b{_b}_vs_f32", _rect_setup(_b, _k, _n), _mi, _f32_gemm,
+        Case(f"quant_matmul_integer_b{_b}_vs_f32", _fixed((_b, _k), (_k, _n)), _mi, _f32_gemm,
              reference=_ref_gemm, out_like=_gemm_out, flops=_gemm_ops, requires=("matmul",),
              baseline_name="nbops float32 matmul", **_COMMON))
     CASES += [
-        Case(f"quant_linear_b{_b}", _linear_setup(_b, _k, _n), _int8_linear, _f32_linear,
+        Case(f"quant_linear_b{_b}", _fixed((_b, _k), (_n, _k)), _int8_linear, _f32_linear,
              reference=_ref_linear, out_like=_linear_out, flops=_linear_ops,
              requires=("linear",), baseline_name="nbops float32 linear", **_COMMON),
-        Case(f"quant_linear_b{_b}_vs_numpy", _linear_setup(_b, _k, _n), _int8_linear,
+        Case(f"quant_linear_b{_b}_vs_numpy", _fixed((_b, _k), (_n, _k)), _int8_linear,
              _numpy_linear, reference=_ref_linear, out_like=_linear_out, flops=_linear_ops,
              baseline_name="numpy int32 matmul", **_COMMON),
     ]

@@ -68,6 +68,7 @@ small batch), as ``nbops.cpu.linalg`` does.
 """
 
 import functools
+import types as pytypes
 
 import llvmlite.binding as _llvm
 import numpy as np
@@ -681,11 +682,17 @@ def _finish_dequant(v, b, p, q, ozp, qmin, qmax):
     return np.float32(np.int32(v + np.int32(b))) * p + q
 
 
-def _make_rows(name, params, finish):
-    import types as pytypes
+def _bind(template, scope, name):
+    """A copy of ``template`` named ``name`` whose global names resolve in
+    ``scope`` (how this module specialises a kernel's helpers)."""
+    fn = pytypes.FunctionType(template.__code__, scope, name)
+    fn.__qualname__ = name
+    return fn
 
+
+def _make_rows(name, params, finish):
     scope = dict(globals(), _row_params=params, _finish=finish)
-    return register_jitable(pytypes.FunctionType(_rows_t.__code__, scope, name))
+    return register_jitable(_bind(_rows_t, scope, name))
 
 
 _rows_int32 = _make_rows("_rows_int32", _no_params, _finish_int32)
@@ -745,23 +752,16 @@ def _conv_t(xp, kbase, sh, st_h, st_w, oh_n, ow_n, flip, apk, rowsum, za, zb, co
 
 
 def _make_driver(kind):
-    import types as pytypes
-
     scope = dict(globals())
     if kind == "vnni":
         scope["_micro"] = _make_micro(MR, NR)
     else:
-        scope["_micro"] = register_jitable(pytypes.FunctionType(
-            _portable_micro_t.__code__, scope, "qgemm_micro_portable"))
+        scope["_micro"] = register_jitable(_bind(_portable_micro_t, scope,
+                                                 "qgemm_micro_portable"))
     name = f"qgemm_{kind}"
-    epi = pytypes.FunctionType(_epilogue_t.__code__, scope, f"{name}_epilogue")
-    scope["_epilogue"] = register_jitable(epi)
-    made = []
-    for template, fname in ((_gemm_t, name), (_conv_t, f"{name}_conv")):
-        fn = pytypes.FunctionType(template.__code__, scope, fname)
-        fn.__qualname__ = fname
-        made.append(cpu_kernel(fn, parallel=True))
-    return tuple(made)
+    scope["_epilogue"] = register_jitable(_bind(_epilogue_t, scope, f"{name}_epilogue"))
+    return tuple(cpu_kernel(_bind(template, scope, fname), parallel=True)
+                 for template, fname in ((_gemm_t, name), (_conv_t, f"{name}_conv")))
 
 
 _DRIVERS = {}
