@@ -23,7 +23,7 @@ kernel's ``compile`` is wrapped to switch SLP on for its own duration only.
 
 Numba's on-disk cache checks only the source file of the function it
 caches, not the modules that function calls into; a kernel built from
-:mod:`nbops._formulas`, :mod:`nbops.cpu._approx` or the neuron equations of
+:mod:`nbops._formulas`, :mod:`nbops.cpu._approx`, :mod:`nbops.cpu._memory` or the neuron equations of
 :mod:`nbops.neuromorphic.lif` would keep running stale
 machine code after one of them changed. ``cpu_kernel`` therefore adds a digest of
 those shared sources (and of this file) to each kernel's cache key.
@@ -70,7 +70,8 @@ def cpu_kernel(fn=None, *, parallel=False, fastmath=FASTMATH, slp=True, **option
 
 
 #: Sources that kernels in other files compile into themselves.
-SHARED_SOURCES = ("_jit.py", "_formulas.py", "cpu/_approx.py", "neuromorphic/lif.py")
+SHARED_SOURCES = ("_jit.py", "_formulas.py", "cpu/_approx.py", "cpu/_memory.py",
+                  "neuromorphic/lif.py")
 _digest = None
 
 

@@ -25,7 +25,8 @@ from numba.core.errors import TypingError
 from nbops._jit import cpu_kernel
 from nbops.cpu.linalg import generated
 from nbops.cpu import _approx
-from nbops.cpu._approx import erf, erfc, exp, expm1, log1p, log1pexp, ndtr, ndtr_pdf, tanh
+from nbops.cpu._approx import (erf, erfc, exp, exp_nonpos, expm1, log1p, log1pexp, ndtr,
+                               ndtr_pdf, tanh)
 
 NAMES = ["exp", "expm1", "log1p", "erf", "erfc", "tanh", "ndtr", "log1pexp"]
 FASTMATH = {"contract", "nsz", "arcp", "afn"}
@@ -51,7 +52,7 @@ LD_OK = np.finfo(LD).nmant >= 63          # x86 80-bit long double
 # What each evaluated name computes, ``v`` the element; "pdf" and "pdf_cdf"
 # are the two results of ndtr_pdf (the CDF must equal ndtr's, checked).
 _EXPRESSIONS = {name: f"{name}(v)" for name in NAMES}
-_EXPRESSIONS.update(pdf="ndtr_pdf(v)[1]", pdf_cdf="ndtr_pdf(v)[0]")
+_EXPRESSIONS.update(pdf="ndtr_pdf(v)[1]", pdf_cdf="ndtr_pdf(v)[0]", exp_nonpos="exp_nonpos(v)")
 
 
 def _eval_source():
@@ -70,8 +71,9 @@ def _eval_source():
 # cpu_kernel, not njit(cache=True): its cache key includes _approx.py, so
 # that an edit there recompiles this rather than loading old code
 _eval = cpu_kernel(fastmath=FASTMATH)(generated(
-    _eval_source(), "_eval", {f.__name__: f for f in (exp, expm1, log1p, erf, erfc, tanh, ndtr,
-                                                      log1pexp, ndtr_pdf)}, __file__))
+    _eval_source(), "_eval", {f.__name__: f for f in (exp, exp_nonpos, expm1, log1p, erf, erfc,
+                                                      tanh, ndtr, log1pexp, ndtr_pdf)},
+    __file__))
 
 
 def run(name, x):
@@ -470,6 +472,37 @@ def test_gradual_underflow(name, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_exp_nonpos(dtype):
+    # exp's accuracy wherever the result is normal (the documented domain
+    # x <= 0, and on up to where 2^n stops being normal), exactly 0 below
+    # the normal range but for the last rounding step, and the specials
+    fi = np.finfo(dtype)
+    lo = float(np.log(fi.tiny))
+    hi = 88.3 if dtype == np.float32 else 709.4
+    if dtype == np.float32:
+        x = np.concatenate([f32_range(lo, hi, 2_000_000), -f32_binade(16.0)])
+    else:
+        x = f64_samples(lo, hi, 300_000, 7)
+    y = run("exp_nonpos", x)
+    err = ulp_errors(y, ref("exp", x), dtype)
+    i = int(np.argmax(err))
+    assert err[i] <= 1.0, (x[i], y[i], err[i])
+    # below: results between 0 and the smallest normal, and 0 past the step
+    # of 2^n into the subnormals (x < (-BIAS - 1/2) ln 2)
+    under = np.linspace(lo - 30, lo, 100_000, endpoint=False).astype(dtype)
+    y = run("exp_nonpos", under)
+    assert np.all((y >= 0) & (y < fi.tiny))
+    step = -(fi.maxexp - 1 + 0.5) * np.log(2)
+    assert np.all(y[under < step - 1e-3] == 0)
+    special = np.array([0.0, -0.0, -np.inf, -1e30, -fi.max, np.nan, -np.nan], dtype)
+    got = run("exp_nonpos", special)
+    np.testing.assert_array_equal(got[:5], [1, 1, 0, 0, 0])
+    assert np.isnan(got[5:]).all()
+    assert exp_nonpos(dtype(-1.5)) == dtype(np.exp(-1.5))   # Python fallback
+    assert isinstance(exp_nonpos(dtype(-1.5)), dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_nan_payloads_and_signs(dtype):
     # NaN with every kind of payload (quiet, signalling, negative) stays NaN:
     # the clamps are written as selects that NaN falls through
@@ -481,13 +514,13 @@ def test_nan_payloads_and_signs(dtype):
                 0xFFF8000000000000, 0xFFF0000000000001, 0x7FFFFFFFFFFFFFFF]
     x = np.array(pats, dtype=np.uint64 if ity == np.int64 else np.uint32).view(dtype)
     assert np.isnan(x).all()
-    for name in NAMES + ["pdf"]:
+    for name in NAMES + ["pdf", "exp_nonpos"]:
         assert np.isnan(run(name, x)).all(), name
 
 
 # --- types, Python fallback, compilation -------------------------------------------
 
-@pytest.mark.parametrize("name", NAMES + ["ndtr_pdf"])
+@pytest.mark.parametrize("name", NAMES + ["ndtr_pdf", "exp_nonpos"])
 def test_types(name):
     # float32 in, float32 out (computed in float32; ndtr_pdf: a pair);
     # float64 likewise; anything else is a typing error
@@ -570,7 +603,7 @@ def test_vectorized(dtype):
         for i in prange(x.size):
             v = x[i]
             out[i] = (exp(v) + expm1(v) + log1p(v) + erf(v) + erfc(v) + tanh(v) + ndtr(v)
-                      + log1pexp(v) + ndtr_pdf(v)[1])
+                      + log1pexp(v) + ndtr_pdf(v)[1] + exp_nonpos(-v))
 
     x = np.linspace(0, 1, 64).astype(dtype)
     # with the SLP vectorizer on, as nbops's cpu_kernel compiles: it must

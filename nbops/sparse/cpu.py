@@ -19,12 +19,11 @@ needs sorted or duplicate-free column indices except ``add_count`` /
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic, register_jitable
+from numba import prange
+from numba.extending import register_jitable
 
 from .._jit import FASTMATH_REDUCE, cpu_kernel
+from ..cpu._memory import prefetch as _prefetch
 
 __all__ = ["spmv", "spmm", "sddmm", "row_softmax", "row_softmax_backward", "scale",
            "to_dense", "gather", "scatter", "counting_sort", "canonicalize", "add",
@@ -38,35 +37,6 @@ _CHUNKS_PER_THREAD = 4
 
 def _n_chunks(items):
     return int(max(1, min(numba.get_num_threads() * _CHUNKS_PER_THREAD, items // _GRAIN)))
-
-
-@intrinsic
-def _prefetch(typingctx, arr, i, j):
-    """Hint the cache to fetch ``arr[i, j]`` (``arr[i]`` for 1-D arrays).
-
-    Random rows of B (SpMM) and Y (SDDMM) are the cost of those kernels:
-    hardware prefetchers cannot guess them, but the column indices say
-    which rows come next."""
-    if not isinstance(arr, types.Array):
-        return None
-
-    def codegen(context, builder, sig, args):
-        aryty = sig.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        idx = [context.cast(builder, v, t, types.intp)
-               for v, t in zip(args[1:], sig.args[1:])][:aryty.ndim]
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, idx, wraparound=False)
-        i8p = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-            "llvm.prefetch.p0")
-        # read, high locality, data cache
-        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3),
-                          ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return types.void(arr, i, j), codegen
 
 
 # Nonzeros ahead whose dense row is prefetched, and floats per cache line.
