@@ -38,7 +38,7 @@ def _compile(disp):
 def test_slp_on_for_nbops_kernels_only():
     assert config.SLP_VECTORIZE == 0  # numba's default, and what the user gets
     ours = njit(cache=False, fastmath={"contract"})(_straight_line)
-    _jit._compile_with_slp(ours)
+    _jit._compile_with_settings(ours, slp=True)
     theirs = njit(cache=False, fastmath={"contract"})(
         type(_straight_line)(_straight_line.__code__, globals(), "user_fn"))
     asm_ours = _compile(ours)
@@ -46,6 +46,46 @@ def test_slp_on_for_nbops_kernels_only():
     assert config.SLP_VECTORIZE == 0, "the setting must be restored after our compile"
     assert _packed_fma(asm_ours), "SLP did not vectorize the nbops kernel"
     assert not _packed_fma(asm_theirs), "the user's function must compile with numba's defaults"
+
+
+def test_runtime_check_hoisting_off_while_nbops_compiles(monkeypatch):
+    # LLVM's hoisting of the vectorizer's alias checks out of outer loops is
+    # switched off, on request, for that kernel's compilation only (see
+    # nbops._jit): set to false before Numba compiles and back to LLVM's
+    # default after, also when the compilation fails, under Numba's
+    # compiler lock; other kernels leave the option alone
+    from numba.core.compiler_lock import global_compiler_lock
+
+    calls = []
+
+    def set_option(name, option):
+        calls.append((option, global_compiler_lock.is_locked()))
+
+    monkeypatch.setattr(_jit.llvm, "set_option", set_option)
+
+    def rows_into(acc, m):
+        for t in range(m.shape[0]):
+            row = m[t]
+            for i in range(acc.shape[0]):
+                acc[i] += row[i]
+
+    ours = njit(cache=False)(rows_into)
+    _jit._compile_with_settings(ours, slp=False, hoist_checks=False)
+    acc = np.zeros(5)
+    ours(acc, np.ones((3, 5)))
+    np.testing.assert_array_equal(acc, 3.0)
+    assert calls == [("-hoist-runtime-checks=false", True), ("-hoist-runtime-checks=true", True)]
+    calls.clear()
+    try:
+        ours(acc, "not an array")
+    except Exception:
+        pass
+    assert [c[0] for c in calls] == ["-hoist-runtime-checks=false", "-hoist-runtime-checks=true"]
+    calls.clear()
+    default = njit(cache=False)(type(rows_into)(rows_into.__code__, {}, "rows_into_default"))
+    _jit._compile_with_settings(default, slp=False)
+    default(acc, np.ones((3, 5)))
+    assert calls == []
 
 
 def test_cpu_kernel_options():
