@@ -23,6 +23,7 @@ from numba import prange
 from numba.extending import register_jitable
 
 from .._jit import FASTMATH_REDUCE, cpu_kernel
+from ..cpu._approx import exp_nonpos
 from ..cpu._memory import prefetch as _prefetch
 
 __all__ = ["spmv", "spmm", "sddmm", "row_softmax", "row_softmax_backward", "scale",
@@ -217,11 +218,14 @@ def _row_softmax(data, indptr, out, n_chunks):
             m = data[a]
             for k in range(a + 1, b):
                 # NaN wins the max so that it propagates to the whole row
-                if data[k] > m or data[k] != data[k]:
-                    m = data[k]
+                # (a select, not a short-circuit branch per nonzero)
+                v = data[k]
+                m = v if (v > m) | (v != v) else m
             s = out.dtype.type(0)
             for k in range(a, b):
-                e = np.exp(data[k] - m)
+                # x - max <= 0: the vectorizable exp_nonpos (np.exp here is a
+                # libm call per nonzero, and keeps the loop scalar)
+                e = exp_nonpos(data[k] - m)
                 out[k] = e
                 s += e
             inv = out.dtype.type(1) / s
