@@ -4,7 +4,9 @@ Cross-entropy works row by row (one ``prange`` iteration per sample): the
 row's maximum, ``log(sum(exp(x - max)))`` and the target's logit give the
 loss, and the backward recomputes the softmax rather than storing it. The
 row functions are plain jitable Python that :mod:`nbops.nn.cuda` compiles
-again as device functions, so both devices share one formula.
+again as device functions, so both devices share one formula: ``approx``
+is :mod:`nbops.cpu._approx` here (exponentials that vectorize; ``math.exp``
+is a libm call per logit) and a module of :mod:`math` twins there.
 
 Binary cross-entropy with logits is elementwise; its kernels come from the
 activations' generators (flat and 2-D strided).
@@ -15,7 +17,8 @@ import math
 from numba import prange
 from numba.extending import register_jitable
 
-from .._jit import serial_and_parallel
+from .._jit import FASTMATH_REDUCE, serial_and_parallel
+from ..cpu import _approx as approx
 from ..cpu.activations import _binary_kernels, _launcher
 
 __all__ = ["cross_entropy", "cross_entropy_backward", "bce_with_logits",
@@ -27,14 +30,14 @@ def row_max(x, i):
     for j in range(1, x.shape[1]):
         v = x[i, j]
         # NaN wins, as in a NaN-propagating max
-        m = v if (v > m or v != v) else m
+        m = v if (v > m) | (v != v) else m
     return m
 
 
 def row_sum_exp(x, i, m, zero):
     s = zero
     for j in range(x.shape[1]):
-        s += math.exp(x[i, j] - m)
+        s += approx.exp_nonpos(x[i, j] - m)
     return s
 
 
@@ -48,18 +51,18 @@ def row_grad(x, t, grow, out, i, zero):
     m = row_max(x, i)
     scale = grow[i] / row_sum_exp(x, i, m, zero)
     for j in range(x.shape[1]):
-        out[i, j] = math.exp(x[i, j] - m) * scale
+        out[i, j] = approx.exp_nonpos(x[i, j] - m) * scale
     out[i, t[i]] -= grow[i]
 
 
 def bce_term(x, t, p, c):
     # max(x, 0) - x t + log(1 + exp(-|x|)): no overflow for any x
-    return (x if x > c.zero else c.zero) - x * t + math.log1p(math.exp(-abs(x)))
+    return (x if x > c.zero else c.zero) - x * t + approx.log1p(approx.exp_nonpos(-abs(x)))
 
 
 def bce_grad_term(x, t, p, c):
     # sigmoid(x) - t, with the sigmoid from exp(-|x|)
-    e = math.exp(-abs(x))
+    e = approx.exp_nonpos(-abs(x))
     s = c.one / (c.one + e)
     return (s if x >= c.zero else e * s) - t
 
@@ -82,8 +85,11 @@ def _ce_grad_rows(x, t, grow, out, zero):
 #: Logit counts below this run on one thread (a batch of 256 x 10 classes
 #: costs less than waking the thread pool).
 PARALLEL_MIN = 1 << 15
-_ce_kernels = serial_and_parallel(_ce_rows, "cross_entropy")
-_ce_grad_kernels = serial_and_parallel(_ce_grad_rows, "cross_entropy_backward")
+# reassoc: the row sums of exponentials vectorize (float32 sums of terms in
+# [0, 1]; the order changes the result by rounding only)
+_ce_kernels = serial_and_parallel(_ce_rows, "cross_entropy", fastmath=FASTMATH_REDUCE)
+_ce_grad_kernels = serial_and_parallel(_ce_grad_rows, "cross_entropy_backward",
+                                       fastmath=FASTMATH_REDUCE)
 
 
 def cross_entropy(x, t, out):

@@ -4,6 +4,7 @@ Cross-entropy runs one thread per sample (grid-stride over rows); class
 counts are small next to batch sizes. Launchers have the CPU signatures.
 """
 
+import math
 import types
 
 from numba import cuda
@@ -16,9 +17,15 @@ __all__ = ["cross_entropy", "cross_entropy_backward", "bce_with_logits",
            "bce_with_logits_backward"]
 
 
+#: The :mod:`math` twins of the CPU row functions' ``approx`` functions.
+_APPROX = types.ModuleType("nbops.nn.cuda_approx")
+_APPROX.exp_nonpos = math.exp
+_APPROX.log1p = math.log1p
+
+
 def _device_functions():
     # copies sharing one globals dict where each helper name is its device twin
-    scope = dict(vars(_cpu))
+    scope = dict(vars(_cpu), approx=_APPROX)
     for name in ("row_max", "row_sum_exp", "row_loss", "row_grad", "bce_term",
                  "bce_grad_term"):
         fn = getattr(_cpu, name)
