@@ -13,8 +13,9 @@ queries along the vector lanes:
   NR-query slivers ``Qp[jr, d, j]``.
 * Online softmax down the key axis of ``St``: per query lane a running
   maximum ``m`` and sum ``l``, each key row one vector max, one vector
-  ``exp`` (the branch-free :func:`nbops.cpu._approx.exp`) and one add; the
-  correction ``alpha = exp(m_old - m_new)`` is a vector too.
+  ``exp`` (the branch-free :func:`nbops.cpu._approx.exp_nonpos`: every
+  argument here is a score minus a maximum, never positive) and one add;
+  the correction ``alpha = exp(m_old - m_new)`` is a vector too.
 * ``Ot = alpha * Ot + V_tile^T @ P^T`` (Dv x BQ), the same micro-kernel with
   V packed per key tile ``Vp[b, tile, dv sliver, key, i]`` and ``St``
   itself as the packed right operand.
@@ -46,7 +47,7 @@ from numba.extending import register_jitable
 
 from .._jit import FASTMATH_REDUCE, cpu_kernel
 from . import linalg as _linalg
-from ._approx import exp
+from ._approx import exp_nonpos
 
 __all__ = ["forward", "backward", "bool_to_additive"]
 
@@ -183,14 +184,14 @@ def _online_t(blk, kv, s0, qbase, L, causal, has_mask, mbuf, mo, smr, smc,
         mn = acc[j]
         # a lane with no visible key yet shifts by 0: exp(-inf - 0) = 0, not NaN
         u = mn if mn > ninf else zero
-        al[j] = exp(m[j] - u)
+        al[j] = exp_nonpos(m[j] - u)
         m[j] = mn
         mu[j] = u
         acc[j] = zero
     for s in range(kv):
         row = blk[s]
         for j in range(nr):
-            p = exp(row[j] - mu[j])
+            p = exp_nonpos(row[j] - mu[j])
             row[j] = p
             acc[j] += p
     for j in range(nr):
@@ -352,7 +353,7 @@ def _backward(qbuf, offq, sqr, sqc, kbuf, offk, skr, skc, vbuf, offv, svr, svc,
                     sc *= scale
                     if has_mask:
                         sc += mbuf[mo + q * smr + s * smc]
-                    p = exp(sc - lu[q])
+                    p = exp_nonpos(sc - lu[q])
                     dp = zero
                     for d in range(Dv):
                         dp += grad[b, q, d] * vbuf[vo + d * svc]
