@@ -12,7 +12,8 @@ middle (C-contiguous). Two layouts, one kernel pair each:
   speed. A one-pass online max-and-sum would need two exponentials per
   element instead of one. The next row is prefetched (``llvm.prefetch``)
   before the exponential pass, so that its memory traffic overlaps this
-  row's arithmetic instead of following it (30% faster at [65536, 512]).
+  row's arithmetic instead of following it (30% faster at [65536, 512]),
+  and its maximum is taken in the same loop as this row's last pass.
 * ``inner > 1`` (any other axis): blocks of ``width`` adjacent columns are
   processed together, every loop running along the unit-stride inner axis
   with per-column running maxima and sums in small scratch vectors, so
@@ -99,23 +100,25 @@ def _forward_rows(x, xi, out, log, nchunk):
     it = xi.dtype.type
     sign = it(xi.itemsize * 8 - 1)
     low = it((1 << (xi.itemsize * 8 - 1)) - 1)
+    lowest = it(-low - 1)
     step = 64 // x.itemsize
     for c in prange(nchunk):
         m_int = np.empty(1, xi.dtype)
         m_float = m_int.view(x.dtype)
+        r0 = c * rows // nchunk
         r_end = (c + 1) * rows // nchunk
-        for r in range(c * rows // nchunk, r_end):
-            # The row maximum as a maximum of integer keys (IEEE order for
-            # every non-NaN value): LLVM vectorizes an integer max reduction,
-            # but not a float one without the no-NaN assumption (6x faster).
-            # A NaN may win or lose here; either way it reaches the sum.
-            keys = xi[r]
-            mk = it(-low - 1)
+        # The row maximum as a maximum of integer keys (IEEE order for
+        # every non-NaN value): LLVM vectorizes an integer max reduction,
+        # but not a float one without the no-NaN assumption (6x faster).
+        # A NaN may win or lose here; either way it reaches the sum. Each
+        # later row's maximum is taken in the previous row's last pass.
+        mk = lowest
+        if r0 < r_end:
+            keys = xi[r0]
             for j in range(n):
-                k = keys[j]
-                k ^= (k >> sign) & low
-                mk = k if k > mk else mk
-            m_int[0] = mk ^ ((mk >> sign) & low)
+                mk = max(mk, _key(keys[j], sign, low))
+        for r in range(r0, r_end):
+            m_int[0] = _key(mk, sign, low)
             m = m_float[0]
             if r + 1 < r_end:
                 _prefetch_row(x[r + 1], step)
@@ -145,14 +148,28 @@ def _forward_rows(x, xi, out, log, nchunk):
                         dv[j] = e
                         part += e
                 s += part
+            # the last pass and the next row's maximum in one loop: the
+            # next row's loads overlap this row's cached stores (1.09x at
+            # [65536, 512], 25 paired rounds; the last row re-reads itself)
+            nxt = xi[r + 1] if r + 1 < r_end else xi[r]
+            mk = lowest
             if log:
                 lse = t(math.log(s))
                 for j in range(n):
                     dst[j] -= lse
+                    mk = max(mk, _key(nxt[j], sign, low))
             else:
                 inv = t(1.0 / s)
                 for j in range(n):
                     dst[j] *= inv
+                    mk = max(mk, _key(nxt[j], sign, low))
+
+
+@register_jitable(inline="always")
+def _key(k, sign, low):
+    """The integer whose order is the IEEE order of the float with bits ``k``
+    (negative floats' magnitude bits flipped); its own inverse."""
+    return k ^ ((k >> sign) & low)
 
 
 @cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
