@@ -50,7 +50,6 @@ key.
 
 import hashlib
 import pathlib
-import threading
 import warnings
 
 import llvmlite.binding as llvm
@@ -63,9 +62,6 @@ FASTMATH = frozenset({"contract", "nsz", "arcp", "afn"})
 #: Adds reassoc: for reductions whose order does not matter to the result's
 #: stated tolerance (lets LLVM vectorize a sum).
 FASTMATH_REDUCE = FASTMATH | {"reassoc"}
-
-_slp_lock = threading.RLock()
-
 
 def cpu_kernel(fn=None, *, parallel=False, fastmath=FASTMATH, slp=True, hoist_checks=True,
                **options):
@@ -125,7 +121,8 @@ def _compile_with_settings(disp, slp, hoist_checks=True):
     compile_ = disp.compile
 
     def compile(sig):
-        with global_compiler_lock, _slp_lock, warnings.catch_warnings():
+        # under Numba's compiler lock: no other compilation sees the settings
+        with global_compiler_lock, warnings.catch_warnings():
             # Formulas inlined at IR level with selects trip Numba's pedantic
             # scope check (NumbaIRAssumptionWarning); the code they compile to
             # is what the tests check. Silenced for our compilations only.

@@ -128,7 +128,6 @@ def _make_micro(mr, nr):
             zero = ir.Constant(v16, None)
             accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
                     for _ in range(mr)]
-            splat_mask = ir.Constant(v16, [0] * 16)
             with cgutils.for_range(builder, kq_) as loop:
                 p = loop.index
                 bbase = builder.mul(p, ir.Constant(i64, nr))
@@ -139,10 +138,7 @@ def _make_micro(mr, nr):
                 abase = builder.mul(p, ir.Constant(i64, mr))
                 for i in range(mr):
                     word = builder.load(builder.gep(ap, [builder.add(abase, ir.Constant(i64, i))]))
-                    one = builder.insert_element(ir.Constant(v16, ir.Undefined), word,
-                                                 ir.Constant(i32, 0))
-                    splat = builder.shuffle_vector(one, ir.Constant(v16, ir.Undefined),
-                                                   splat_mask)
+                    splat = _splat(builder, v16, word)
                     for j in range(nv):
                         acc = builder.load(accs[i][j])
                         builder.store(builder.call(dp, [acc, splat, bvec[j]]), accs[i][j])
@@ -156,6 +152,14 @@ def _make_micro(mr, nr):
         return sig, codegen
 
     return micro
+
+
+def _splat(builder, vt, value):
+    """``value`` in every lane of the LLVM vector type ``vt``."""
+    i32 = ir.IntType(32)
+    one = builder.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(i32, 0))
+    return builder.shuffle_vector(one, ir.Constant(vt, ir.Undefined),
+                                  ir.Constant(ir.VectorType(i32, vt.count), [0] * vt.count))
 
 
 def _portable_micro_t(kq, abuf, aoff, bbuf, boff, cbuf):
@@ -426,12 +430,6 @@ def _interleave4(typingctx, src, o0, o1, o2, o3, flip, dst, doff, colsum):
         def mask(idx):
             return ir.Constant(ir.VectorType(i32, len(idx)), idx)
 
-        def splat(vt, value):
-            one = builder.insert_element(ir.Constant(vt, ir.Undefined), value,
-                                         ir.Constant(i32, 0))
-            return builder.shuffle_vector(one, ir.Constant(vt, ir.Undefined),
-                                          mask([0] * vt.count))
-
         sp = context.make_array(signature.args[0])(context, builder, x).data
         dp = context.make_array(signature.args[6])(context, builder, d).data
         cp = context.make_array(signature.args[8])(context, builder, c).data
@@ -441,14 +439,15 @@ def _interleave4(typingctx, src, o0, o1, o2, o3, flip, dst, doff, colsum):
         hi = builder.shuffle_vector(rows[2], rows[3], mask(list(range(2 * NR))))
         inter = builder.shuffle_vector(lo, hi, mask([t * NR + j for j in range(NR)
                                                      for t in range(4)]))
-        inter = builder.xor(inter, splat(allt, fl))
+        inter = builder.xor(inter, _splat(builder, allt, fl))
         builder.store(inter, builder.bitcast(builder.gep(dp, [doff_]), allt.as_pointer()),
                       align=4)
         words = builder.bitcast(inter, wordt)
-        total = builder.ashr(words, splat(wordt, ir.Constant(i32, 24)))
+        total = builder.ashr(words, _splat(builder, wordt, ir.Constant(i32, 24)))
         for sh in (8, 16, 24):
-            byte = builder.shl(words, splat(wordt, ir.Constant(i32, sh)))
-            total = builder.add(total, builder.ashr(byte, splat(wordt, ir.Constant(i32, 24))))
+            byte = builder.shl(words, _splat(builder, wordt, ir.Constant(i32, sh)))
+            total = builder.add(total,
+                                builder.ashr(byte, _splat(builder, wordt, ir.Constant(i32, 24))))
         cptr = builder.bitcast(cp, wordt.as_pointer())
         builder.store(builder.add(builder.load(cptr, align=4), total), cptr, align=4)
         return context.get_dummy_value()
