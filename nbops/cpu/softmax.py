@@ -10,10 +10,16 @@ middle (C-contiguous). Two layouts, one kernel pair each:
   the row is still in L1/L2. So each element is read from memory once and
   written once where a row fits in cache; the later passes run at cache
   speed. A one-pass online max-and-sum would need two exponentials per
-  element instead of one. The next row is prefetched (``llvm.prefetch``)
-  before the exponential pass, so that its memory traffic overlaps this
-  row's arithmetic instead of following it (30% faster at [65536, 512]),
-  and its maximum is taken in the same loop as this row's last pass.
+  element instead of one. The exponential pass writes a per-thread row
+  buffer, and the last pass writes ``out`` from it: outputs of
+  ``_memory.STREAM_BYTES`` or more with non-temporal line stores
+  (``_memory.stream_rows``: no read of each output line before it is
+  written, 1.1-1.25x at [65536, 512] against the cached path, whatever
+  the output's alignment), smaller ones with ordinary stores in the same
+  loop as the next row's maximum (the next row's loads overlap this row's
+  cached stores), the next row prefetched (``llvm.prefetch``) before the
+  exponential pass so that its memory traffic overlaps this row's
+  arithmetic (30% faster at [65536, 512] before streaming).
 * ``inner > 1`` (any other axis): blocks of ``width`` adjacent columns are
   processed together, every loop running along the unit-stride inner axis
   with per-column running maxima and sums in small scratch vectors, so
@@ -37,7 +43,7 @@ from numba.extending import register_jitable
 
 from .._jit import FASTMATH_REDUCE, cpu_kernel
 from ._approx import exp_nonpos
-from ._memory import prefetch
+from ._memory import LINE, prefetch, stream_rows, streams
 
 __all__ = ["softmax", "softmax_backward"]
 
@@ -51,7 +57,7 @@ def softmax(x3, out3, log):
     if inner == 1:
         x2 = x3.reshape(outer, n)
         _forward_rows(x2, x2.view(_KEYS[x2.dtype]), out3.reshape(outer, n), log,
-                      _chunks(outer))
+                      _chunks(outer), streams(out3) and n * x2.itemsize >= 2 * LINE)
     else:
         _forward_cols(x3, out3, log, _width(n, inner, x3.itemsize))
     return out3
@@ -94,7 +100,7 @@ def _width(n, inner, itemsize):
 
 
 @cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
-def _forward_rows(x, xi, out, log, nchunk):
+def _forward_rows(x, xi, out, log, nchunk, stream):
     rows, n = x.shape
     t = x.dtype.type
     it = xi.dtype.type
@@ -105,64 +111,86 @@ def _forward_rows(x, xi, out, log, nchunk):
     for c in prange(nchunk):
         m_int = np.empty(1, xi.dtype)
         m_float = m_int.view(x.dtype)
+        # the row's exponentials (or x - max), in L1 until the last pass
+        buf = np.empty(n, x.dtype)
+        carry = np.empty(LINE // x.itemsize, x.dtype)
+        flat = out.reshape(out.size)
         r0 = c * rows // nchunk
         r_end = (c + 1) * rows // nchunk
-        # The row maximum as a maximum of integer keys (IEEE order for
-        # every non-NaN value): LLVM vectorizes an integer max reduction,
-        # but not a float one without the no-NaN assumption (6x faster).
-        # A NaN may win or lose here; either way it reaches the sum. Each
-        # later row's maximum is taken in the previous row's last pass.
-        mk = lowest
-        if r0 < r_end:
-            keys = xi[r0]
-            for j in range(n):
-                mk = max(mk, _key(keys[j], sign, low))
+        mk = _row_max_key(xi, r0, r_end, lowest, sign, low)
         for r in range(r0, r_end):
             m_int[0] = _key(mk, sign, low)
             m = m_float[0]
-            if r + 1 < r_end:
+            if r + 1 < r_end and not stream:
                 _prefetch_row(x[r + 1], step)
             src = x[r]
             dst = out[r]
-            s = 0.0
-            # Sums in the input's type within blocks of SUM_BLOCK (spread over
-            # the vector lanes: a few dozen terms each), across blocks in
-            # float64. Widening every float32 term to a float64 sum made the
-            # row kernel 1.2-1.3x slower (its loop is compute-bound)
-            for b0 in range(0, n, SUM_BLOCK):
-                w = min(SUM_BLOCK, n - b0)
-                sv = src[b0:b0 + w]
-                dv = dst[b0:b0 + w]
-                part = t(0)
-                if log:
-                    # x - max goes through memory: under reassoc LLVM could
-                    # otherwise fold (x - max) - log(sum) into x - (max +
-                    # log(sum)), which rounds log(sum) away next to a large max
-                    for j in range(w):
-                        d = sv[j] - m
-                        dv[j] = d
-                        part += exp_nonpos(d)
-                else:
-                    for j in range(w):
-                        e = exp_nonpos(sv[j] - m)
-                        dv[j] = e
-                        part += e
-                s += part
-            # the last pass and the next row's maximum in one loop: the
-            # next row's loads overlap this row's cached stores (1.09x at
-            # [65536, 512], 25 paired rounds; the last row re-reads itself)
-            nxt = xi[r + 1] if r + 1 < r_end else xi[r]
-            mk = lowest
-            if log:
-                lse = t(math.log(s))
-                for j in range(n):
-                    dst[j] -= lse
-                    mk = max(mk, _key(nxt[j], sign, low))
+            # Sums in the input's type over a row of up to SUM_BLOCK elements
+            # (spread over the vector lanes: a few dozen terms each); longer
+            # rows in blocks of that, added in float64. Widening every
+            # float32 term to a float64 sum made the row kernel 1.2-1.3x
+            # slower. One loop over the row when it fits one block: the
+            # blocked loop nest ran 1.1-1.3x slower at 512 wide rows.
+            if n <= SUM_BLOCK:
+                s = float(_exp_pass(src, buf, m, log))
             else:
-                inv = t(1.0 / s)
+                s = 0.0
+                for b0 in range(0, n, SUM_BLOCK):
+                    w = min(SUM_BLOCK, n - b0)
+                    s += _exp_pass(src[b0:b0 + w], buf[b0:b0 + w], m, log)
+            scale = t(1.0) if log else t(1.0 / s)
+            shift = -t(math.log(s)) if log else t(0.0)
+            if stream:
+                # whole lines straight to memory (no read of the output
+                # line first); the next row's maximum in a pass of its own
+                stream_rows(flat, r * n, buf, scale, shift, carry, r == r0, r + 1 == r_end)
+                if r + 1 < r_end:
+                    mk = _row_max_key(xi, r + 1, r + 2, lowest, sign, low)
+            else:
+                # the last pass and the next row's maximum in one loop: the
+                # next row's loads overlap this row's cached stores (1.09x
+                # at [65536, 512], 25 paired rounds; the last row re-reads
+                # itself)
+                nxt = xi[r + 1] if r + 1 < r_end else xi[r]
+                mk = lowest
                 for j in range(n):
-                    dst[j] *= inv
+                    dst[j] = buf[j] * scale + shift
                     mk = max(mk, _key(nxt[j], sign, low))
+
+
+@register_jitable(inline="always")
+def _exp_pass(src, buf, m, log):
+    """``buf = exp(src - m)`` (log_softmax: ``src - m``), returning the sum
+    of the exponentials in the input's type."""
+    part = src.dtype.type(0)
+    if log:
+        # x - max goes through memory: under reassoc LLVM could otherwise
+        # fold (x - max) - log(sum) into x - (max + log(sum)), which rounds
+        # log(sum) away next to a large max
+        for j in range(src.shape[0]):
+            d = src[j] - m
+            buf[j] = d
+            part += exp_nonpos(d)
+    else:
+        for j in range(src.shape[0]):
+            e = exp_nonpos(src[j] - m)
+            buf[j] = e
+            part += e
+    return part
+
+
+@register_jitable(inline="always")
+def _row_max_key(xi, r0, r_end, lowest, sign, low):
+    # The row maximum as a maximum of integer keys (IEEE order for every
+    # non-NaN value): LLVM vectorizes an integer max reduction, but not a
+    # float one without the no-NaN assumption (6x faster). A NaN may win or
+    # lose here; either way it reaches the sum.
+    mk = lowest
+    if r0 < r_end:
+        keys = xi[r0]
+        for j in range(keys.shape[0]):
+            mk = max(mk, _key(keys[j], sign, low))
+    return mk
 
 
 @register_jitable(inline="always")
