@@ -19,7 +19,6 @@ outputs much larger than the last-level cache should be streamed
 would find it in memory instead of in L2/L3.
 """
 
-import numpy as np
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic, register_jitable
@@ -93,8 +92,8 @@ def stream_affine(typingctx, dst, i, src, k, a, b):
                                       wraparound=False)
         v = builder.load(builder.bitcast(sp, vty.as_pointer()),
                          align=context.get_abi_sizeof(vty.element))
-        # a * v + b as separate rounded operations (no contraction: the
-        # kernels' scalar fallback rounds the same way)
+        # a * v + b as two rounded operations (see stream_rows for how the
+        # ordinary stores of the ends round)
         v = builder.fadd(builder.fmul(v, _splat(builder, args[4], vty)),
                          _splat(builder, args[5], vty))
         store = builder.store(v, builder.bitcast(dp, vty.as_pointer()), align=LINE)
