@@ -279,6 +279,7 @@ def test_streamed_kernels_match_flat_kernels(monkeypatch, act, dtype, n):
 
     rng = np.random.default_rng(n)
     x = (rng.standard_normal(n) * act.range).astype(dtype)
+    x[::97] = -0.0                  # signed zeros must keep their sign
     g = rng.standard_normal(n).astype(dtype)
     v = act.forward(x) if act.saved == "y" else x
     flat_y, flat_g = act.forward(x), act.backward(g, v)
@@ -288,6 +289,7 @@ def test_streamed_kernels_match_flat_kernels(monkeypatch, act, dtype, n):
         start = -raw.ctypes.data % 64 + offset
         out = raw[start:start + x.nbytes].view(dtype)
         np.testing.assert_array_equal(act.forward(x, out=out), flat_y)
+        np.testing.assert_array_equal(np.signbit(out), np.signbit(flat_y))
         got = act.backward(g, v, out=out)
         if isinstance(flat_g, tuple):     # swish: (grad x, grad beta)
             np.testing.assert_array_equal(got[0], flat_g[0])

@@ -40,6 +40,8 @@ def test_stream_rows_writes_every_element_once(dtype, offset, lengths):
     a, b = dtype(0.25), dtype(-3.0)
     _write_spans(dst, src, lengths, a, b)
     np.testing.assert_array_equal(dst, src * a + b)
+    _write_spans(dst, np.full(total, -0.0, dtype), lengths, dtype(1.0), dtype(-0.0))  # a copy
+    assert np.signbit(dst).all() and not dst.any()
 
 
 def test_stream_rows_falls_back_for_arrays_not_aligned_to_their_items():

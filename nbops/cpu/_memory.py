@@ -94,8 +94,8 @@ def stream_affine(typingctx, dst, i, src, k, a, b):
                          align=context.get_abi_sizeof(vty.element))
         # a * v + b as two rounded operations (see stream_rows for how the
         # ordinary stores of the ends round)
-        v = builder.fadd(builder.fmul(v, _splat(builder, args[4], vty)),
-                         _splat(builder, args[5], vty))
+        v = builder.fadd(builder.fmul(v, splat(builder, vty, args[4])),
+                         splat(builder, vty, args[5]))
         store = builder.store(v, builder.bitcast(dp, vty.as_pointer()), align=LINE)
         store.set_metadata("nontemporal",
                            builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
@@ -104,10 +104,13 @@ def stream_affine(typingctx, dst, i, src, k, a, b):
     return types.void(dst, i, src, k, a, b), codegen
 
 
-def _splat(builder, x, vty):
-    zeros = ir.Constant(ir.VectorType(ir.IntType(32), vty.count), [0] * vty.count)
-    v = builder.insert_element(ir.Constant(vty, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
-    return builder.shuffle_vector(v, ir.Constant(vty, ir.Undefined), zeros)
+def splat(builder, vt, value):
+    """``value`` in every lane of the LLVM vector type ``vt`` (for the
+    ``@intrinsic`` code generators here and in :mod:`nbops.quant.cpu_gemm`)."""
+    i32 = ir.IntType(32)
+    one = builder.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(i32, 0))
+    return builder.shuffle_vector(one, ir.Constant(vt, ir.Undefined),
+                                  ir.Constant(ir.VectorType(i32, vt.count), [0] * vt.count))
 
 
 @register_jitable(inline="always")
@@ -124,7 +127,9 @@ def stream_rows(dst, o0, src, a, b, carry, first, last):
     run of spans. Spans must be at least two lines long. Values round like
     ``src[j] * a + b`` in two steps, or in one where a caller's ``contract``
     flag fuses the ordinary stores' expression: the same for ``a = 1`` or
-    ``b = 0``, the kernels' uses.
+    ``b = -0.0``, the kernels' uses. A plain copy passes the constants 1.0
+    and -0.0: x * 1 + (-0.0) is x for every x, -0.0 included (+0.0 would
+    turn -0.0 into +0.0), and LLVM folds both operations away.
 
     Inlined at Numba's IR level: compiled as a call, the row buffer filled
     just before it escaped into the call and its loop ran 1.7x slower."""
@@ -145,7 +150,7 @@ def stream_rows(dst, o0, src, a, b, carry, first, last):
             for j in range(head):
                 carry[lanes - head + j] = src[j] * a + b
             t = dst.dtype.type
-            stream_affine(dst, o0 - (lanes - head), carry, 0, t(1), t(0))
+            stream_affine(dst, o0 - (lanes - head), carry, 0, t(1.0), t(-0.0))
     j = head
     while j + lanes <= n:
         stream_affine(dst, o0 + j, src, j, a, b)

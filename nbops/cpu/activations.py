@@ -70,7 +70,8 @@ def _binary_kernels(name, f):
 def _streamed(name, f):
     """The streamed flat kernel of a two-input formula ``f(a, b, p, c)``."""
     def streamed(a, b, out, p, c, nchunk):
-        one, zero = c.one, c.zero
+        # constants (folded away), -0.0 keeping the sign of zeros: see stream_rows
+        one, zero = out.dtype.type(1.0), out.dtype.type(-0.0)
         for ch in prange(nchunk):
             i0, i1 = _chunk(a.size, ch, nchunk)
             buf = np.empty(2 * STREAM_BLOCK, out.dtype)

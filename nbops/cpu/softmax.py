@@ -117,7 +117,7 @@ def _forward_rows(x, xi, out, log, nchunk, stream):
         flat = out.reshape(out.size)
         r0 = c * rows // nchunk
         r_end = (c + 1) * rows // nchunk
-        mk = _row_max_key(xi, r0, r_end, lowest, sign, low)
+        mk = _row_max_key(xi[r0], lowest, sign, low) if r0 < r_end else lowest
         for r in range(r0, r_end):
             m_int[0] = _key(mk, sign, low)
             m = m_float[0]
@@ -139,13 +139,13 @@ def _forward_rows(x, xi, out, log, nchunk, stream):
                     w = min(SUM_BLOCK, n - b0)
                     s += _exp_pass(src[b0:b0 + w], buf[b0:b0 + w], m, log)
             scale = t(1.0) if log else t(1.0 / s)
-            shift = -t(math.log(s)) if log else t(0.0)
+            shift = -t(math.log(s)) if log else t(-0.0)
             if stream:
                 # whole lines straight to memory (no read of the output
                 # line first); the next row's maximum in a pass of its own
                 stream_rows(flat, r * n, buf, scale, shift, carry, r == r0, r + 1 == r_end)
                 if r + 1 < r_end:
-                    mk = _row_max_key(xi, r + 1, r + 2, lowest, sign, low)
+                    mk = _row_max_key(xi[r + 1], lowest, sign, low)
             else:
                 # the last pass and the next row's maximum in one loop: the
                 # next row's loads overlap this row's cached stores (1.09x
@@ -180,16 +180,14 @@ def _exp_pass(src, buf, m, log):
 
 
 @register_jitable(inline="always")
-def _row_max_key(xi, r0, r_end, lowest, sign, low):
+def _row_max_key(keys, lowest, sign, low):
     # The row maximum as a maximum of integer keys (IEEE order for every
     # non-NaN value): LLVM vectorizes an integer max reduction, but not a
     # float one without the no-NaN assumption (6x faster). A NaN may win or
     # lose here; either way it reaches the sum.
     mk = lowest
-    if r0 < r_end:
-        keys = xi[r0]
-        for j in range(keys.shape[0]):
-            mk = max(mk, _key(keys[j], sign, low))
+    for j in range(keys.shape[0]):
+        mk = max(mk, _key(keys[j], sign, low))
     return mk
 
 

@@ -78,6 +78,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, register_jitable
 
 from .._jit import cpu_kernel
+from ..cpu._memory import splat
 from . import _requant
 
 __all__ = ["gemm_op", "conv2d_op", "pack_a", "pack_b"]
@@ -138,10 +139,10 @@ def _make_micro(mr, nr):
                 abase = builder.mul(p, ir.Constant(i64, mr))
                 for i in range(mr):
                     word = builder.load(builder.gep(ap, [builder.add(abase, ir.Constant(i64, i))]))
-                    splat = _splat(builder, v16, word)
+                    word_lanes = splat(builder, v16, word)
                     for j in range(nv):
                         acc = builder.load(accs[i][j])
-                        builder.store(builder.call(dp, [acc, splat, bvec[j]]), accs[i][j])
+                        builder.store(builder.call(dp, [acc, word_lanes, bvec[j]]), accs[i][j])
             for i in range(mr):
                 for j in range(nv):
                     ptr = builder.gep(cp, [ir.Constant(i64, i * nr + 16 * j)])
@@ -152,14 +153,6 @@ def _make_micro(mr, nr):
         return sig, codegen
 
     return micro
-
-
-def _splat(builder, vt, value):
-    """``value`` in every lane of the LLVM vector type ``vt``."""
-    i32 = ir.IntType(32)
-    one = builder.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(i32, 0))
-    return builder.shuffle_vector(one, ir.Constant(vt, ir.Undefined),
-                                  ir.Constant(ir.VectorType(i32, vt.count), [0] * vt.count))
 
 
 def _portable_micro_t(kq, abuf, aoff, bbuf, boff, cbuf):
@@ -439,15 +432,15 @@ def _interleave4(typingctx, src, o0, o1, o2, o3, flip, dst, doff, colsum):
         hi = builder.shuffle_vector(rows[2], rows[3], mask(list(range(2 * NR))))
         inter = builder.shuffle_vector(lo, hi, mask([t * NR + j for j in range(NR)
                                                      for t in range(4)]))
-        inter = builder.xor(inter, _splat(builder, allt, fl))
+        inter = builder.xor(inter, splat(builder, allt, fl))
         builder.store(inter, builder.bitcast(builder.gep(dp, [doff_]), allt.as_pointer()),
                       align=4)
         words = builder.bitcast(inter, wordt)
-        total = builder.ashr(words, _splat(builder, wordt, ir.Constant(i32, 24)))
+        total = builder.ashr(words, splat(builder, wordt, ir.Constant(i32, 24)))
         for sh in (8, 16, 24):
-            byte = builder.shl(words, _splat(builder, wordt, ir.Constant(i32, sh)))
+            byte = builder.shl(words, splat(builder, wordt, ir.Constant(i32, sh)))
             total = builder.add(total,
-                                builder.ashr(byte, _splat(builder, wordt, ir.Constant(i32, 24))))
+                                builder.ashr(byte, splat(builder, wordt, ir.Constant(i32, 24))))
         cptr = builder.bitcast(cp, wordt.as_pointer())
         builder.store(builder.add(builder.load(cptr, align=4), total), cptr, align=4)
         return context.get_dummy_value()
