@@ -85,7 +85,9 @@ def test_mv_mm_against_scipy(dtype, index, device):
         y = sparse.mv(A, to_dev(x, device))
         assert y.shape == (m,) and y.dtype == dtype
         _close(y, S @ x, dtype)
-        for width in ((1, 3, 70) if device == "cpu" else (1, 5)):
+        # CPU widths cover every block of vector lines (8, 4, 2, 1 lines of
+        # 64 bytes) and the columns left after whole lines
+        for width in ((1, 3, 16, 40, 70, 136, 250) if device == "cpu" else (1, 5)):
             B = rng.standard_normal((n, width)).astype(dtype)
             _close(sparse.mm(A, to_dev(B, device)), S @ B, dtype)
             # A.T @ B through the cached transposed structure
@@ -221,8 +223,9 @@ def test_int8_values_with_scale():
     W = sp.csr_array((q.astype(np.float64) * 0.05, S.indices, S.indptr), shape=S.shape)
     x = rng.standard_normal(8).astype(np.float32)
     _close(sparse.mv(A, x), W @ x, np.float32)
-    B = rng.standard_normal((8, 5)).astype(np.float32)
-    _close(A @ B, W @ B, np.float32)
+    for width in (5, 37):
+        B = rng.standard_normal((8, width)).astype(np.float32)
+        _close(A @ B, W @ B, np.float32)
     _close(A.to_dense(), W.toarray(), np.float32)
     _close(A.to_scipy().toarray(), W.toarray(), np.float32)
 
@@ -251,9 +254,34 @@ def test_large_rows_split_across_chunks():
     A = sparse.from_scipy(S)
     x = rng.standard_normal(n)
     np.testing.assert_allclose(sparse.mv(A, x), S @ x, rtol=1e-10)
-    B = rng.standard_normal((n, 3))
-    np.testing.assert_allclose(sparse.mm(A, B), S @ B, rtol=1e-10)
+    for width in (3, 70):
+        B = rng.standard_normal((n, width))
+        np.testing.assert_allclose(sparse.mm(A, B), S @ B, rtol=1e-10)
     np.testing.assert_allclose(A.T.to_dense(), S.T.toarray())
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_mm_streamed_output(aligned):
+    """Outputs of STREAM_BYTES or more starting on a cache line are written
+    with non-temporal stores (carried partial rows with ordinary ones);
+    others, e.g. NumPy's own allocations passed as out=, are not."""
+    from nbops._checks import empty
+    from nbops.cpu._memory import STREAM_BYTES
+
+    width = 64
+    m = STREAM_BYTES // (4 * width) + 3
+    S = random_csr(m, 300, 0.02, np.float32, seed=9)
+    A = sparse.from_scipy(S)
+    B = np.random.default_rng(9).standard_normal((300, width)).astype(np.float32)
+    if aligned:
+        out = empty((m, width), np.float32, "cpu")
+    else:
+        buf = np.empty(m * width + 16, np.float32)
+        skip = (16 - buf.ctypes.data) % 64 // 4
+        out = buf[skip:skip + m * width].reshape(m, width)
+    assert out.ctypes.data % 64 == (0 if aligned else 16)
+    assert sparse.mm(A, B, out=out) is out
+    _close(out, S @ B, np.float32)
 
 
 # ---------------------------------------------------------------------------

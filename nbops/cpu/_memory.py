@@ -52,18 +52,22 @@ def prefetch(typingctx, arr, i, j):
         ary = context.make_array(aryty)(context, builder, args[0])
         idx = [context.cast(builder, v, t, types.intp)
                for v, t in zip(args[1:], sig.args[1:])][:aryty.ndim]
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, idx, wraparound=False)
-        i8p = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-            "llvm.prefetch.p0")
-        # read, high locality, data cache
-        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3),
-                          ir.Constant(i32, 1)])
+        prefetch_line(builder, cgutils.get_item_pointer(context, builder, aryty, ary, idx,
+                                                        wraparound=False))
         return context.get_dummy_value()
 
     return types.void(arr, i, j), codegen
+
+
+def prefetch_line(builder, ptr):
+    """Emit the prefetch of the line holding ``ptr`` (for the ``@intrinsic``
+    code generators): read, keep in all cache levels, data cache."""
+    i8p = ir.IntType(8).as_pointer()
+    i32 = ir.IntType(32)
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0")
+    builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3),
+                      ir.Constant(i32, 1)])
 
 
 @intrinsic
