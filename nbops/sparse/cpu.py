@@ -25,8 +25,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic, register_jitable
 
 from .._jit import FASTMATH_REDUCE, cpu_kernel
-from ..cpu._approx import exp_nonpos
 from ..cpu import _memory
+from ..cpu._approx import exp_nonpos
 from ..cpu._memory import prefetch as _prefetch
 from ..cpu._memory import prefetch_line, splat, streams
 
@@ -115,11 +115,11 @@ def spmv(data, indices, indptr, x, y, scale):
 
 
 # A row of C is computed a block of dense columns at a time (up to 8 cache
-# lines of it), its accumulators held in vector registers
-# while the row's nonzeros stream past (:func:`_axpy_rows`): accumulated
-# in C itself, each nonzero's update waited for the store of the previous one
-# (3.7x slower in cache, 1.25x in the 1M x 1M benchmark, whose time goes to
-# fetching B's random rows from memory).
+# lines of it), its accumulators held in vector registers while the row's
+# nonzeros stream past (:func:`_axpy_rows`). Accumulated in C itself, each
+# nonzero's update waited for the store of the previous one: 2.5x slower
+# with B in cache, 1.15-1.25x in the 1M x 1M benchmark, whose time goes to
+# fetching B's random rows from memory.
 @cpu_kernel(parallel=True)
 def _spmm(data, indices, indptr, B, C, scale, stream, n_chunks):
     n = B.shape[1]
@@ -183,14 +183,17 @@ def _axpy_rows(typingctx, dst, i, c, data, indices, src, j, k1, scale, stream, a
     accumulators stay in registers; each iteration prefetches the lines of
     the row ``indices[k + ahead]`` (clamped to the last nonzero). The rows
     are stored with non-temporal stores where ``stream`` is true (then
-    ``dst[i, c]`` must start a cache line). Unaligned vector loads; no bounds
-    checks (CSR arrays already validated, columns in range)."""
+    ``dst[i, c]`` must start a cache line). ``data`` of any number type is
+    converted to ``dst``'s (int8 values of quantized matrices). Unaligned
+    vector loads; no bounds checks (the CSR arrays were validated, so the
+    columns are in range)."""
     if not (isinstance(dst, types.Array) and isinstance(src, types.Array)
             and dst.ndim == 2 and src.ndim == 2 and dst.dtype == src.dtype
             and isinstance(dst.dtype, types.Float) and scale == dst.dtype
             and isinstance(data, types.Array) and data.ndim == 1
             and isinstance(indices, types.Array) and indices.ndim == 1
             and isinstance(indices.dtype, types.Integer)
+            and isinstance(stream, types.Boolean) and isinstance(ahead, types.Integer)
             and isinstance(lines, types.IntegerLiteral)):
         return None
     n_acc = lines.literal_value
