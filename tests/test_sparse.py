@@ -284,6 +284,44 @@ def test_mm_streamed_output(aligned):
     _close(out, S @ B, np.float32)
 
 
+def _offset_rows(shape, dtype, offset, rng):
+    """A C-contiguous array starting ``offset`` bytes after a cache line."""
+    size = int(np.prod(shape))
+    buf = np.empty(size + 64, dtype)
+    skip = (offset - buf.ctypes.data) % 64 // buf.itemsize
+    a = buf[skip:skip + size].reshape(shape)
+    a[...] = rng.standard_normal(shape)
+    return a
+
+
+def test_random_row_reads_from_a_line_aligned_copy():
+    """A large dense operand whose rows straddle cache lines is copied to
+    line-aligned rows when enough of its rows are read (SpMM's B, SDDMM's
+    Y); the results are those of the original."""
+    from nbops.sparse import cpu as sparse_cpu
+
+    rng = np.random.default_rng(11)
+    rows, width = (16 << 20) // 256 + 8, 64            # float32 rows of 4 lines
+    B = _offset_rows((rows, width), np.float32, 16, rng)
+    assert B.ctypes.data % 64 == 16
+    copied = sparse_cpu.line_rows(B, reads=B.nbytes // 64)
+    assert copied is not B and copied.ctypes.data % 64 == 0
+    np.testing.assert_array_equal(copied, B)
+    assert sparse_cpu.line_rows(B, reads=B.nbytes // 64 - 1) is B     # too few reads
+    assert sparse_cpu.line_rows(copied, reads=10 ** 9) is copied       # aligned already
+    assert sparse_cpu.line_rows(B[:, :60].copy(), reads=10 ** 9).shape == (rows, 60)
+
+    S = random_csr(300, rows, 0.015, np.float32, np.int32, seed=11)
+    assert S.nnz * 64 >= B.nbytes
+    A = sparse.from_scipy(S)
+    _close(sparse.mm(A, B), S @ B, np.float32)
+    X = rng.standard_normal((300, width)).astype(np.float32)
+    got = sparse.sddmm_values(A.indices, A.indptr, A.shape, X, B)
+    row = np.repeat(np.arange(300), np.diff(A.indptr))
+    want = np.einsum("ij,ij->i", X[row].astype(np.float64), B[A.indices].astype(np.float64))
+    _close(got, want, np.float32)
+
+
 # ---------------------------------------------------------------------------
 # Gradients (float64 finite differences)
 
