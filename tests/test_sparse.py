@@ -103,10 +103,12 @@ def test_sddmm_softmax_scale_against_reference(dtype, index, device):
         S = random_csr(m, n, dens, dtype, index, seed, kind)
         A = _mat(S, device)
         rows = np.repeat(np.arange(m), np.diff(S.indptr))
-        X = rng.standard_normal((m, 6)).astype(dtype)
-        Y = rng.standard_normal((n, 6)).astype(dtype)
-        got = sparse.sddmm(A, to_dev(X, device), to_dev(Y, device))
-        _close(got.data, np.einsum("kd,kd->k", X[rows], Y[S.indices]), dtype)
+        # CPU widths: every block of vector lines and leftover columns
+        for width in ((1, 6, 16, 40, 70, 136, 250) if device == "cpu" else (6,)):
+            X = rng.standard_normal((m, width)).astype(dtype)
+            Y = rng.standard_normal((n, width)).astype(dtype)
+            got = sparse.sddmm(A, to_dev(X, device), to_dev(Y, device))
+            _close(got.data, np.einsum("kd,kd->k", X[rows], Y[S.indices]), dtype)
         # softmax per row over the stored entries (duplicates count separately)
         P = sparse.softmax(A)
         want = np.empty(S.nnz)
@@ -254,9 +256,13 @@ def test_large_rows_split_across_chunks():
     A = sparse.from_scipy(S)
     x = rng.standard_normal(n)
     np.testing.assert_allclose(sparse.mv(A, x), S @ x, rtol=1e-10)
+    rows = np.repeat(np.arange(m), np.diff(S.indptr))
     for width in (3, 70):
         B = rng.standard_normal((n, width))
         np.testing.assert_allclose(sparse.mm(A, B), S @ B, rtol=1e-10)
+        X = rng.standard_normal((m, width))
+        np.testing.assert_allclose(sparse.sddmm(A, X, B).data,
+                                   np.einsum("kd,kd->k", X[rows], B[S.indices]), rtol=1e-10)
     np.testing.assert_allclose(A.T.to_dense(), S.T.toarray())
 
 

@@ -224,84 +224,42 @@ def _axpy_rows(typingctx, dst, i, c, data, indices, src, j, k1, scale, stream, a
             and dst.ndim == 2 and src.ndim == 2 and dst.dtype == src.dtype
             and isinstance(dst.dtype, types.Float) and scale == dst.dtype
             and isinstance(data, types.Array) and data.ndim == 1
-            and isinstance(indices, types.Array) and indices.ndim == 1
-            and isinstance(indices.dtype, types.Integer)
-            and isinstance(stream, types.Boolean) and isinstance(ahead, types.Integer)
-            and isinstance(lines, types.IntegerLiteral)):
+            and _row_loop_types(indices, stream, ahead, lines)):
         return None
     n_acc = lines.literal_value
     sig = types.void(dst, i, c, data, indices, src, j, k1, scale, stream, ahead, lines)
 
     def codegen(context, builder, sig, args):
-        dty, ity, cty, aty, xty, sty, jty, kty = sig.args[:8]
-        intp = context.get_value_type(types.intp)
-        size = context.get_abi_sizeof(context.get_value_type(dty.dtype))
-        vty = ir.VectorType(context.get_value_type(dty.dtype), _memory.LINE // size)
-
-        def as_intp(k):
-            return context.cast(builder, args[k], sig.args[k], types.intp)
-
-        def item(k, *index):
-            ary = context.make_array(sig.args[k])(context, builder, args[k])
-            return cgutils.get_item_pointer(context, builder, sig.args[k], ary, list(index),
-                                            wraparound=False)
-
-        def line(k, row, g):     # pointer to line g of the block in row `row`
-            col = builder.add(c0, ir.Constant(intp, g * vty.count))
-            return builder.bitcast(item(k, row, col), vty.as_pointer())
-
-        def column(k):           # indices[k] as intp
-            return context.cast(builder, builder.load(item(4, k)), xty.dtype, types.intp)
-
-        row, c0, j0, k_end, dist = as_intp(1), as_intp(2), as_intp(6), as_intp(7), as_intp(10)
-        nnz = cgutils.unpack_tuple(builder, context.make_array(aty)(
-            context, builder, args[3]).shape, 1)[0]
-        last = builder.sub(nnz, ir.Constant(intp, 1))
-        fma = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(vty, [vty] * 3), f"llvm.fma.v{vty.count}f{size * 8}")
-        zero = ir.Constant(vty, None)
-        entry = builder.block
-        loop = builder.append_basic_block("axpy_rows.loop")
-        done = builder.append_basic_block("axpy_rows.done")
-        builder.cbranch(builder.icmp_signed("<", j0, k_end), loop, done)
-
-        builder.position_at_end(loop)
-        k = builder.phi(intp)
-        accs = [builder.phi(vty) for _ in range(n_acc)]
-        ahead_k = builder.add(k, dist)
-        ahead_row = column(builder.select(builder.icmp_signed("<", ahead_k, nnz), ahead_k, last))
-        for g in range(n_acc):
-            prefetch_line(builder, line(5, ahead_row, g))
-        a = context.cast(builder, builder.load(item(3, k)), aty.dtype, dty.dtype)
-        a = splat(builder, vty, a)
-        col = column(k)
-        sums = [builder.call(fma, [a, builder.load(line(5, col, g), align=size), acc])
-                for g, acc in enumerate(accs)]
-        k_next = builder.add(k, ir.Constant(intp, 1))
-        tail = builder.block
-        k.add_incoming(j0, entry)
-        k.add_incoming(k_next, tail)
-        for acc, s in zip(accs, sums):
+        g = _RowLoop(context, builder, sig, args, dst.dtype, indices=4)
+        row, c0 = g.index(1), g.index(2)
+        zero = ir.Constant(g.vty, None)
+        k, entry = g.open(g.index(6), g.index(7), "axpy_rows")
+        accs = [builder.phi(g.vty) for _ in range(n_acc)]
+        g.prefetch_rows(5, k, g.index(10), c0, n_acc)
+        a = context.cast(builder, builder.load(g.item(3, k)), data.dtype, dst.dtype)
+        a = splat(builder, g.vty, a)
+        col = g.column(k)
+        sums = [builder.call(g.fma, [a, g.load_line(5, col, c0, n), acc])
+                for n, acc in enumerate(accs)]
+        tail = g.close(k, g.index(6), entry, g.index(7))
+        for acc, v in zip(accs, sums):
             acc.add_incoming(zero, entry)
-            acc.add_incoming(s, tail)
-        builder.cbranch(builder.icmp_signed("<", k_next, k_end), loop, done)
-
-        builder.position_at_end(done)
-        results = [builder.phi(vty) for _ in range(n_acc)]
-        for res, s in zip(results, sums):
+            acc.add_incoming(v, tail)
+        results = [builder.phi(g.vty) for _ in range(n_acc)]
+        for res, v in zip(results, sums):
             res.add_incoming(zero, entry)
-            res.add_incoming(s, tail)
-        factor = splat(builder, vty, args[8])
+            res.add_incoming(v, tail)
+        factor = splat(builder, g.vty, args[8])
         values = [builder.fmul(res, factor) for res in results]
         with builder.if_else(args[9]) as (streamed, cached):
             with streamed:
-                for g, v in enumerate(values):
-                    store = builder.store(v, line(0, row, g), align=_memory.LINE)
+                for n, v in enumerate(values):
+                    store = builder.store(v, g.line(0, row, c0, n), align=_memory.LINE)
                     store.set_metadata("nontemporal", builder.module.add_metadata(
                         [ir.Constant(ir.IntType(32), 1)]))
             with cached:
-                for g, v in enumerate(values):
-                    builder.store(v, line(0, row, g), align=size)
+                for n, v in enumerate(values):
+                    builder.store(v, g.line(0, row, c0, n), align=g.size)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -311,32 +269,187 @@ def _axpy_rows(typingctx, dst, i, c, data, indices, src, j, k1, scale, stream, a
 # SDDMM: out[k] = X[row(k)] . Y[indices[k]], split by equal nonzero shares
 
 
-@cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
+@cpu_kernel(parallel=True)
 def _sddmm(indices, indptr, X, Y, out, n_chunks):
     nnz = out.size
     d = X.shape[1]
-    zero = out.dtype.type(0)
+    lanes = _memory.LINE // X.itemsize
+    d_lines = d - d % lanes
     for t in prange(n_chunks):
         k0 = t * nnz // n_chunks
         k1 = (t + 1) * nnz // n_chunks
         r = np.searchsorted(indptr, k0, side="right") - 1
-        for k in range(k0, k1):
-            while indptr[r + 1] <= k:
+        j = k0
+        while j < k1:
+            while indptr[r + 1] <= j:
                 r += 1
-            col = indices[k]
-            if k + _AHEAD < k1:
-                for c in range(0, d, _memory.LINE // Y.itemsize):
-                    _prefetch(Y, indices[k + _AHEAD], c)
-            acc = zero
-            for c in range(d):
-                acc += X[r, c] * Y[col, c]
-            out[k] = acc
+            e = min(k1, indptr[r + 1])
+            # row r's nonzeros j .. e - 1, a block of X[r]'s lines at a time
+            c = 0
+            while c < d_lines:
+                c += lanes * _dot_block(out, X, r, c, indices, Y, j, e, c > 0,
+                                        (d_lines - c) // lanes)
+            for k in range(j, e):
+                col = indices[k]
+                acc = out.dtype.type(0)
+                for c in range(d_lines, d):
+                    acc += X[r, c] * Y[col, c]
+                out[k] = out[k] + acc if d_lines > 0 else acc
+            j = e
+
+
+@register_jitable(inline="always")
+def _dot_block(out, X, r, c, indices, Y, j, e, add, g):
+    """:func:`_dot_rows` over the first 8, 4, 2 or 1 of the ``g`` lines
+    left (see :func:`_row_block`); returns how many it did."""
+    if g >= 8:
+        _dot_rows(out, X, r, c, indices, Y, j, e, add, _AHEAD, 8)
+        return 8
+    if g >= 4:
+        _dot_rows(out, X, r, c, indices, Y, j, e, add, _AHEAD, 4)
+        return 4
+    if g >= 2:
+        _dot_rows(out, X, r, c, indices, Y, j, e, add, _AHEAD, 2)
+        return 2
+    _dot_rows(out, X, r, c, indices, Y, j, e, add, _AHEAD, 1)
+    return 1
 
 
 def sddmm(indices, indptr, X, Y, out):
     if out.size:
-        _sddmm(indices, indptr, X, line_rows(Y, out.size), out, _n_chunks(out.size * max(1, X.shape[1]) // 4))
+        _sddmm(indices, indptr, X, line_rows(Y, out.size), out,
+               _n_chunks(out.size * max(1, X.shape[1]) // 4))
     return out
+
+
+@intrinsic
+def _dot_rows(typingctx, out, x, r, c, indices, y, j, e, add, ahead, lines):
+    """``out[k] (+)= x[r, c:c + w] . y[indices[k], c:c + w]`` for ``k`` in
+    ``[j, e)``, ``w`` the elements of ``lines`` cache lines (an integer
+    literal), added to ``out[k]`` where ``add`` is true: ``x``'s lines held
+    in registers, one vector product per nonzero summed by halving (lane
+    ``i`` with lane ``i + w/2``, ...), the rows of ``y`` ``ahead`` nonzeros
+    on prefetched. Unaligned loads, no bounds checks (see :func:`_axpy_rows`)."""
+    if not (isinstance(out, types.Array) and isinstance(x, types.Array)
+            and isinstance(y, types.Array) and out.ndim == 1 and x.ndim == 2 and y.ndim == 2
+            and out.dtype == x.dtype == y.dtype and isinstance(x.dtype, types.Float)
+            and _row_loop_types(indices, add, ahead, lines)):
+        return None
+    n_lines = lines.literal_value
+    sig = types.void(out, x, r, c, indices, y, j, e, add, ahead, lines)
+
+    def codegen(context, builder, sig, args):
+        g = _RowLoop(context, builder, sig, args, x.dtype, indices=4)
+        row, c0 = g.index(2), g.index(3)
+        i32 = ir.IntType(32)
+        xs = [g.load_line(1, row, c0, n) for n in range(n_lines)]
+        k, entry = g.open(g.index(6), g.index(7), "dot_rows")
+        g.prefetch_rows(5, k, g.index(9), c0, n_lines)
+        col = g.column(k)
+        acc = builder.fmul(xs[0], g.load_line(5, col, c0, 0))
+        for n in range(1, n_lines):
+            acc = builder.call(g.fma, [xs[n], g.load_line(5, col, c0, n), acc])
+        width = g.vty.count
+        while width > 1:
+            width //= 2
+            halves = [builder.shuffle_vector(acc, acc, ir.Constant(
+                ir.VectorType(i32, width), list(range(h * width, (h + 1) * width))))
+                for h in (0, 1)]
+            acc = builder.fadd(*halves)
+        dot = builder.extract_element(acc, ir.Constant(i32, 0))
+        target = g.item(0, k)
+        builder.store(builder.select(args[8], builder.fadd(builder.load(target), dot), dot),
+                      target)
+        g.close(k, g.index(6), entry, g.index(7))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _row_loop_types(indices, flag, ahead, lines):
+    """The argument types both row intrinsics share: 1-D integer column
+    indices, a boolean flag, an integer prefetch distance, a literal line
+    count."""
+    return (isinstance(indices, types.Array) and indices.ndim == 1
+            and isinstance(indices.dtype, types.Integer) and isinstance(flag, types.Boolean)
+            and isinstance(ahead, types.Integer) and isinstance(lines, types.IntegerLiteral))
+
+
+class _RowLoop:
+    """Code generation shared by the row intrinsics (:func:`_axpy_rows`,
+    :func:`_dot_rows`): the arguments as typed values, pointers to line
+    ``n`` of a block of columns starting at ``c0`` in a row of a 2-D
+    argument, the loop over a row's nonzeros ``k`` (:meth:`open` ...
+    :meth:`close`), and the prefetch of the dense rows ``dist`` nonzeros on.
+    ``indices`` is the position of the column-index argument."""
+
+    def __init__(self, context, builder, sig, args, dtype, indices):
+        self.context, self.builder, self.sig, self.args = context, builder, sig, args
+        self.indices = indices
+        self.intp = context.get_value_type(types.intp)
+        et = context.get_value_type(dtype)
+        self.size = context.get_abi_sizeof(et)
+        self.vty = ir.VectorType(et, _memory.LINE // self.size)
+        self.fma = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(self.vty, [self.vty] * 3),
+            f"llvm.fma.v{self.vty.count}f{self.size * 8}")
+
+    def index(self, k):
+        return self.context.cast(self.builder, self.args[k], self.sig.args[k], types.intp)
+
+    def item(self, k, *index):
+        aryty = self.sig.args[k]
+        ary = self.context.make_array(aryty)(self.context, self.builder, self.args[k])
+        return cgutils.get_item_pointer(self.context, self.builder, aryty, ary, list(index),
+                                        wraparound=False)
+
+    def line(self, k, row, c0, n):
+        col = self.builder.add(c0, ir.Constant(self.intp, n * self.vty.count))
+        return self.builder.bitcast(self.item(k, row, col), self.vty.as_pointer())
+
+    def load_line(self, k, row, c0, n):
+        return self.builder.load(self.line(k, row, c0, n), align=self.size)
+
+    def column(self, k):
+        """``indices[k]`` as an intp."""
+        return self.context.cast(self.builder, self.builder.load(self.item(self.indices, k)),
+                                 self.sig.args[self.indices].dtype, types.intp)
+
+    def prefetch_rows(self, src, k, dist, c0, n_lines):
+        """Prefetch the block's lines of row ``indices[k + dist]`` of
+        argument ``src`` (clamped to the last nonzero)."""
+        b = self.builder
+        nnz = cgutils.unpack_tuple(b, self.context.make_array(self.sig.args[self.indices])(
+            self.context, b, self.args[self.indices]).shape, 1)[0]
+        ahead = b.add(k, dist)
+        ahead = b.select(b.icmp_signed("<", ahead, nnz), ahead,
+                         b.sub(nnz, ir.Constant(self.intp, 1)))
+        row = self.column(ahead)
+        for n in range(n_lines):
+            prefetch_line(b, self.line(src, row, c0, n))
+
+    def open(self, j0, k_end, name):
+        """Start the loop over ``k`` in ``[j0, k_end)`` (none if empty);
+        returns ``(k, entry block)``, the builder inside the loop."""
+        b = self.builder
+        entry = b.block
+        self.loop = b.append_basic_block(name + ".loop")
+        self.done = b.append_basic_block(name + ".done")
+        b.cbranch(b.icmp_signed("<", j0, k_end), self.loop, self.done)
+        b.position_at_end(self.loop)
+        return b.phi(self.intp), entry
+
+    def close(self, k, j0, entry, k_end):
+        """End the loop at ``k_end``; returns its last block, the builder
+        after the loop."""
+        b = self.builder
+        k_next = b.add(k, ir.Constant(self.intp, 1))
+        tail = b.block
+        k.add_incoming(j0, entry)
+        k.add_incoming(k_next, tail)
+        b.cbranch(b.icmp_signed("<", k_next, k_end), self.loop, self.done)
+        b.position_at_end(self.done)
+        return tail
 
 
 # ---------------------------------------------------------------------------
