@@ -92,20 +92,6 @@ def test_activation_baselines_agree_with_nbops(name, dtype):
     assert res.passed, (res.err, res.tol)
 
 
-@pytest.mark.parametrize("name", ["sparse_mv", "sparse_mm", "sparse_sddmm", "lif",
-                                  "lif_backward"])
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_sparse_and_spiking_cases_check_out(name, dtype, device):
-    # the families without a module of their own in nbops/ (sparse,
-    # neuromorphic) have cases too, and they pass on both devices
-    case = harness.cases()[name]
-    assert case.family in ("sparse", "neuromorphic")
-    res = harness.run_case(case, 256 if device == "cuda" else 3000, dtype, device=device,
-                           time_it=False)
-    assert res.note == ""
-    assert res.passed, (res.err, res.tol)
-
-
 def test_figures_follow_from_the_timings():
     case = harness.cases()["relu"]
     res = harness.run_case(case, 4096, "float32", rounds=2, pause=0.0, copy_gbps=10.0)
