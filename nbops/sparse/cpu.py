@@ -136,8 +136,8 @@ def _spmm(data, indices, indptr, B, C, scale, stream, n_chunks):
             i = np.int64(r) if r < r1 else np.int64(t)
             c = 0
             while c < n_lines:
-                c += lanes * _row_block(D, i, c, data, indices, B, j, k1, scale,
-                                        (n_lines - c) // lanes, stream and r < r1)
+                c += lanes * _axpy_rows(D, i, c, data, indices, B, j, k1, scale,
+                                        stream and r < r1, (n_lines - c) // lanes)
             for c in range(n_lines, n):
                 acc = C.dtype.type(0)
                 for k in range(j, k1):
@@ -148,24 +148,6 @@ def _spmm(data, indices, indptr, B, C, scale, stream, n_chunks):
     for t in range(n_chunks):
         if carry_row[t] < C.shape[0]:
             C[carry_row[t]] += carry[t]
-
-
-@register_jitable(inline="always")
-def _row_block(D, i, c, data, indices, B, j, k1, scale, g, stream):
-    """:func:`_axpy_rows` over the first 8, 4, 2 or 1 of the ``g`` lines
-    left (a literal count: the accumulators are registers chosen at compile
-    time); returns how many it did."""
-    if g >= 8:
-        _axpy_rows(D, i, c, data, indices, B, j, k1, scale, stream, _AHEAD, 8)
-        return 8
-    if g >= 4:
-        _axpy_rows(D, i, c, data, indices, B, j, k1, scale, stream, _AHEAD, 4)
-        return 4
-    if g >= 2:
-        _axpy_rows(D, i, c, data, indices, B, j, k1, scale, stream, _AHEAD, 2)
-        return 2
-    _axpy_rows(D, i, c, data, indices, B, j, k1, scale, stream, _AHEAD, 1)
-    return 1
 
 
 def spmm(data, indices, indptr, B, C, scale):
@@ -209,12 +191,13 @@ def _copy_lines(dst, src):
 
 
 @intrinsic
-def _axpy_rows(typingctx, dst, i, c, data, indices, src, j, k1, scale, stream, ahead, lines):
+def _axpy_rows(typingctx, dst, i, c, data, indices, src, j, k1, scale, stream, lines):
     """``dst[i, c:c + w] = scale * sum(data[k] * src[indices[k], c:c + w])``
-    over ``k`` in ``[j, k1)``, ``w`` the elements of ``lines`` cache lines
-    (an integer literal), as an LLVM loop whose ``lines`` vector
-    accumulators stay in registers; each iteration prefetches the lines of
-    the row ``indices[k + ahead]`` (clamped to the last nonzero). The rows
+    over ``k`` in ``[j, k1)``, ``w`` the elements of the first 8, 4, 2 or 1
+    of the ``lines`` cache lines left (see :meth:`_RowLoop.by_lines`);
+    returns that line count. An LLVM loop whose vector accumulators stay in
+    registers; each iteration prefetches the lines of the row
+    ``indices[k + _AHEAD]`` (clamped to the last nonzero). The rows
     are stored with non-temporal stores where ``stream`` is true (then
     ``dst[i, c]`` must start a cache line). ``data`` of any number type is
     converted to ``dst``'s (int8 values of quantized matrices). Unaligned
@@ -224,45 +207,50 @@ def _axpy_rows(typingctx, dst, i, c, data, indices, src, j, k1, scale, stream, a
             and dst.ndim == 2 and src.ndim == 2 and dst.dtype == src.dtype
             and isinstance(dst.dtype, types.Float) and scale == dst.dtype
             and isinstance(data, types.Array) and data.ndim == 1
-            and _row_loop_types(indices, stream, ahead, lines)):
+            and _row_loop_types(indices, stream, lines)):
         return None
-    n_acc = lines.literal_value
-    sig = types.void(dst, i, c, data, indices, src, j, k1, scale, stream, ahead, lines)
+    sig = types.intp(dst, i, c, data, indices, src, j, k1, scale, stream, lines)
 
     def codegen(context, builder, sig, args):
         g = _RowLoop(context, builder, sig, args, dst.dtype, indices=4)
-        row, c0 = g.index(1), g.index(2)
-        zero = ir.Constant(g.vty, None)
-        k, entry = g.open(g.index(6), g.index(7), "axpy_rows")
-        accs = [builder.phi(g.vty) for _ in range(n_acc)]
-        g.prefetch_rows(5, k, g.index(10), c0, n_acc)
-        a = context.cast(builder, builder.load(g.item(3, k)), data.dtype, dst.dtype)
-        a = splat(builder, g.vty, a)
-        col = g.column(k)
-        sums = [builder.call(g.fma, [a, g.load_line(5, col, c0, n), acc])
-                for n, acc in enumerate(accs)]
-        tail = g.close(k, g.index(6), entry, g.index(7))
-        for acc, v in zip(accs, sums):
-            acc.add_incoming(zero, entry)
-            acc.add_incoming(v, tail)
-        results = [builder.phi(g.vty) for _ in range(n_acc)]
-        for res, v in zip(results, sums):
-            res.add_incoming(zero, entry)
-            res.add_incoming(v, tail)
-        factor = splat(builder, g.vty, args[8])
-        values = [builder.fmul(res, factor) for res in results]
-        with builder.if_else(args[9]) as (streamed, cached):
-            with streamed:
-                for n, v in enumerate(values):
-                    store = builder.store(v, g.line(0, row, c0, n), align=_memory.LINE)
-                    store.set_metadata("nontemporal", builder.module.add_metadata(
-                        [ir.Constant(ir.IntType(32), 1)]))
-            with cached:
-                for n, v in enumerate(values):
-                    builder.store(v, g.line(0, row, c0, n), align=g.size)
-        return context.get_dummy_value()
+        return g.by_lines(g.index(10), lambda n_acc: _axpy_block(g, n_acc))
 
     return sig, codegen
+
+
+def _axpy_block(g, n_acc):
+    """The loop of :func:`_axpy_rows` over ``n_acc`` lines."""
+    builder, args = g.builder, g.args
+    row, c0 = g.index(1), g.index(2)
+    zero = ir.Constant(g.vty, None)
+    k, entry = g.open(g.index(6), g.index(7), "axpy_rows")
+    accs = [builder.phi(g.vty) for _ in range(n_acc)]
+    g.prefetch_rows(5, k, c0, n_acc)
+    a = g.context.cast(builder, builder.load(g.item(3, k)), g.sig.args[3].dtype,
+                       g.sig.args[0].dtype)
+    a = splat(builder, g.vty, a)
+    col = g.column(k)
+    sums = [builder.call(g.fma, [a, g.load_line(5, col, c0, n), acc])
+            for n, acc in enumerate(accs)]
+    tail = g.close(k, g.index(6), entry, g.index(7))
+    for acc, v in zip(accs, sums):
+        acc.add_incoming(zero, entry)
+        acc.add_incoming(v, tail)
+    results = [builder.phi(g.vty) for _ in range(n_acc)]
+    for res, v in zip(results, sums):
+        res.add_incoming(zero, entry)
+        res.add_incoming(v, tail)
+    factor = splat(builder, g.vty, args[8])
+    values = [builder.fmul(res, factor) for res in results]
+    with builder.if_else(args[9]) as (streamed, cached):
+        with streamed:
+            for n, v in enumerate(values):
+                store = builder.store(v, g.line(0, row, c0, n), align=_memory.LINE)
+                store.set_metadata("nontemporal", builder.module.add_metadata(
+                    [ir.Constant(ir.IntType(32), 1)]))
+        with cached:
+            for n, v in enumerate(values):
+                builder.store(v, g.line(0, row, c0, n), align=g.size)
 
 
 # ---------------------------------------------------------------------------
@@ -287,8 +275,8 @@ def _sddmm(indices, indptr, X, Y, out, n_chunks):
             # row r's nonzeros j .. e - 1, a block of X[r]'s lines at a time
             c = 0
             while c < d_lines:
-                c += lanes * _dot_block(out, X, r, c, indices, Y, j, e, c > 0,
-                                        (d_lines - c) // lanes)
+                c += lanes * _dot_rows(out, X, r, c, indices, Y, j, e, c > 0,
+                                       (d_lines - c) // lanes)
             for k in range(j, e):
                 col = indices[k]
                 acc = out.dtype.type(0)
@@ -296,23 +284,6 @@ def _sddmm(indices, indptr, X, Y, out, n_chunks):
                     acc += X[r, c] * Y[col, c]
                 out[k] = out[k] + acc if d_lines > 0 else acc
             j = e
-
-
-@register_jitable(inline="always")
-def _dot_block(out, X, r, c, indices, Y, j, e, add, g):
-    """:func:`_dot_rows` over the first 8, 4, 2 or 1 of the ``g`` lines
-    left (see :func:`_row_block`); returns how many it did."""
-    if g >= 8:
-        _dot_rows(out, X, r, c, indices, Y, j, e, add, _AHEAD, 8)
-        return 8
-    if g >= 4:
-        _dot_rows(out, X, r, c, indices, Y, j, e, add, _AHEAD, 4)
-        return 4
-    if g >= 2:
-        _dot_rows(out, X, r, c, indices, Y, j, e, add, _AHEAD, 2)
-        return 2
-    _dot_rows(out, X, r, c, indices, Y, j, e, add, _AHEAD, 1)
-    return 1
 
 
 def sddmm(indices, indptr, X, Y, out):
@@ -323,56 +294,60 @@ def sddmm(indices, indptr, X, Y, out):
 
 
 @intrinsic
-def _dot_rows(typingctx, out, x, r, c, indices, y, j, e, add, ahead, lines):
+def _dot_rows(typingctx, out, x, r, c, indices, y, j, e, add, lines):
     """``out[k] (+)= x[r, c:c + w] . y[indices[k], c:c + w]`` for ``k`` in
-    ``[j, e)``, ``w`` the elements of ``lines`` cache lines (an integer
-    literal), added to ``out[k]`` where ``add`` is true: ``x``'s lines held
-    in registers, one vector product per nonzero summed by halving (lane
-    ``i`` with lane ``i + w/2``, ...), the rows of ``y`` ``ahead`` nonzeros
-    on prefetched. Unaligned loads, no bounds checks (see :func:`_axpy_rows`)."""
+    ``[j, e)``, ``w`` the elements of the first 8, 4, 2 or 1 of the
+    ``lines`` cache lines left (returns that count), added to ``out[k]``
+    where ``add`` is true: ``x``'s lines held in registers, one vector
+    product per nonzero summed by halving (lane ``i`` with lane
+    ``i + w/2``, ...), the rows of ``y`` ``_AHEAD`` nonzeros on prefetched.
+    Unaligned loads, no bounds checks (see :func:`_axpy_rows`)."""
     if not (isinstance(out, types.Array) and isinstance(x, types.Array)
             and isinstance(y, types.Array) and out.ndim == 1 and x.ndim == 2 and y.ndim == 2
             and out.dtype == x.dtype == y.dtype and isinstance(x.dtype, types.Float)
-            and _row_loop_types(indices, add, ahead, lines)):
+            and _row_loop_types(indices, add, lines)):
         return None
-    n_lines = lines.literal_value
-    sig = types.void(out, x, r, c, indices, y, j, e, add, ahead, lines)
+    sig = types.intp(out, x, r, c, indices, y, j, e, add, lines)
 
     def codegen(context, builder, sig, args):
         g = _RowLoop(context, builder, sig, args, x.dtype, indices=4)
-        row, c0 = g.index(2), g.index(3)
-        i32 = ir.IntType(32)
-        xs = [g.load_line(1, row, c0, n) for n in range(n_lines)]
-        k, entry = g.open(g.index(6), g.index(7), "dot_rows")
-        g.prefetch_rows(5, k, g.index(9), c0, n_lines)
-        col = g.column(k)
-        acc = builder.fmul(xs[0], g.load_line(5, col, c0, 0))
-        for n in range(1, n_lines):
-            acc = builder.call(g.fma, [xs[n], g.load_line(5, col, c0, n), acc])
-        width = g.vty.count
-        while width > 1:
-            width //= 2
-            halves = [builder.shuffle_vector(acc, acc, ir.Constant(
-                ir.VectorType(i32, width), list(range(h * width, (h + 1) * width))))
-                for h in (0, 1)]
-            acc = builder.fadd(*halves)
-        dot = builder.extract_element(acc, ir.Constant(i32, 0))
-        target = g.item(0, k)
-        builder.store(builder.select(args[8], builder.fadd(builder.load(target), dot), dot),
-                      target)
-        g.close(k, g.index(6), entry, g.index(7))
-        return context.get_dummy_value()
+        return g.by_lines(g.index(9), lambda n_lines: _dot_block(g, n_lines))
 
     return sig, codegen
 
 
-def _row_loop_types(indices, flag, ahead, lines):
+def _dot_block(g, n_lines):
+    """The loop of :func:`_dot_rows` over ``n_lines`` lines."""
+    builder = g.builder
+    row, c0 = g.index(2), g.index(3)
+    i32 = ir.IntType(32)
+    xs = [g.load_line(1, row, c0, n) for n in range(n_lines)]
+    k, entry = g.open(g.index(6), g.index(7), "dot_rows")
+    g.prefetch_rows(5, k, c0, n_lines)
+    col = g.column(k)
+    acc = builder.fmul(xs[0], g.load_line(5, col, c0, 0))
+    for n in range(1, n_lines):
+        acc = builder.call(g.fma, [xs[n], g.load_line(5, col, c0, n), acc])
+    width = g.vty.count
+    while width > 1:
+        width //= 2
+        halves = [builder.shuffle_vector(acc, acc, ir.Constant(
+            ir.VectorType(i32, width), list(range(h * width, (h + 1) * width))))
+            for h in (0, 1)]
+        acc = builder.fadd(*halves)
+    dot = builder.extract_element(acc, ir.Constant(i32, 0))
+    target = g.item(0, k)
+    builder.store(builder.select(g.args[8], builder.fadd(builder.load(target), dot), dot),
+                  target)
+    g.close(k, g.index(6), entry, g.index(7))
+
+
+def _row_loop_types(indices, flag, lines):
     """The argument types both row intrinsics share: 1-D integer column
-    indices, a boolean flag, an integer prefetch distance, a literal line
-    count."""
+    indices, a boolean flag, an integer count of lines left."""
     return (isinstance(indices, types.Array) and indices.ndim == 1
             and isinstance(indices.dtype, types.Integer) and isinstance(flag, types.Boolean)
-            and isinstance(ahead, types.Integer) and isinstance(lines, types.IntegerLiteral))
+            and isinstance(lines, types.Integer))
 
 
 class _RowLoop:
@@ -380,8 +355,9 @@ class _RowLoop:
     :func:`_dot_rows`): the arguments as typed values, pointers to line
     ``n`` of a block of columns starting at ``c0`` in a row of a 2-D
     argument, the loop over a row's nonzeros ``k`` (:meth:`open` ...
-    :meth:`close`), and the prefetch of the dense rows ``dist`` nonzeros on.
-    ``indices`` is the position of the column-index argument."""
+    :meth:`close`), the prefetch of the dense rows ``_AHEAD`` nonzeros on,
+    and the choice of a block of lines (:meth:`by_lines`). ``indices`` is
+    the position of the column-index argument."""
 
     def __init__(self, context, builder, sig, args, dtype, indices):
         self.context, self.builder, self.sig, self.args = context, builder, sig, args
@@ -415,13 +391,37 @@ class _RowLoop:
         return self.context.cast(self.builder, self.builder.load(self.item(self.indices, k)),
                                  self.sig.args[self.indices].dtype, types.intp)
 
-    def prefetch_rows(self, src, k, dist, c0, n_lines):
-        """Prefetch the block's lines of row ``indices[k + dist]`` of
+    def by_lines(self, left, emit):
+        """Emit ``emit(n)`` for the largest ``n`` of 8, 4, 2, 1 that is at
+        most ``left`` (at least 1 taken): the accumulators of a block are
+        registers fixed at compile time, so each size is its own loop.
+        Returns ``n`` as an intp value."""
+        b = self.builder
+        merge = b.append_basic_block("lines.merge")
+        done = []
+        for n in (8, 4, 2, 1):
+            if n > 1:
+                take, other = b.append_basic_block(f"lines.{n}"), b.append_basic_block()
+                b.cbranch(b.icmp_signed(">=", left, ir.Constant(self.intp, n)), take, other)
+                b.position_at_end(take)
+            emit(n)
+            done.append((ir.Constant(self.intp, n), b.block))
+            b.branch(merge)
+            if n > 1:
+                b.position_at_end(other)
+        b.position_at_end(merge)
+        count = b.phi(self.intp)
+        for n, block in done:
+            count.add_incoming(n, block)
+        return count
+
+    def prefetch_rows(self, src, k, c0, n_lines):
+        """Prefetch the block's lines of row ``indices[k + _AHEAD]`` of
         argument ``src`` (clamped to the last nonzero)."""
         b = self.builder
         nnz = cgutils.unpack_tuple(b, self.context.make_array(self.sig.args[self.indices])(
             self.context, b, self.args[self.indices]).shape, 1)[0]
-        ahead = b.add(k, dist)
+        ahead = b.add(k, ir.Constant(self.intp, _AHEAD))
         ahead = b.select(b.icmp_signed("<", ahead, nnz), ahead,
                          b.sub(nnz, ir.Constant(self.intp, 1)))
         row = self.column(ahead)
