@@ -31,3 +31,17 @@ def host(y):
     if isinstance(y, (float, int)) or y is None:
         return y
     return np.asarray(nbops.to_host(y))
+
+
+def check_bench_case(name, dtype, device, family):
+    """The demo's and ``nbops bench``'s case ``name`` of ``family`` runs and
+    agrees with its baseline's float64 reference on ``device`` (run from a
+    family's test file, after its kernels were compiled in that worker)."""
+    from nbops.bench import harness
+
+    case = harness.cases()[name]
+    assert case.family == family
+    res = harness.run_case(case, 256 if device == "cuda" else 3000, dtype, device=device,
+                           time_it=False)
+    assert res.note == ""
+    assert res.passed, (res.err, res.tol)

@@ -12,7 +12,7 @@ from scipy import special
 
 import nbops
 import nbops.neuromorphic as nm
-from helpers import host, to_dev
+from helpers import check_bench_case, host, to_dev
 
 lifmod = importlib.import_module("nbops.neuromorphic.lif")
 
@@ -592,13 +592,4 @@ def test_spiking_network_learns():
 @pytest.mark.parametrize("name", ["lif", "lif_backward"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_bench_cases_check_out(name, dtype, device):
-    # the demo's and `nbops bench`'s cases of this family pass on both
-    # devices (here, after the kernels above were compiled in this worker)
-    from nbops.bench import harness
-
-    case = harness.cases()[name]
-    assert case.family == "neuromorphic"
-    res = harness.run_case(case, 256 if device == "cuda" else 3000, dtype, device=device,
-                           time_it=False)
-    assert res.note == ""
-    assert res.passed, (res.err, res.tol)
+    check_bench_case(name, dtype, device, "neuromorphic")

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import nbops
-from helpers import host, to_dev
+from helpers import check_bench_case, host, to_dev
 from nbops import sparse
 from nbops.autograd import gradcheck
 
@@ -575,13 +575,4 @@ def test_from_coo_and_conversion_errors():
 @pytest.mark.parametrize("name", ["sparse_mv", "sparse_mm", "sparse_sddmm"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_bench_cases_check_out(name, dtype, device):
-    # the demo's and `nbops bench`'s cases of this family pass on both
-    # devices (here, after the kernels above were compiled in this worker)
-    from nbops.bench import harness
-
-    case = harness.cases()[name]
-    assert case.family == "sparse"
-    res = harness.run_case(case, 256 if device == "cuda" else 3000, dtype, device=device,
-                           time_it=False)
-    assert res.note == ""
-    assert res.passed, (res.err, res.tol)
+    check_bench_case(name, dtype, device, "sparse")
