@@ -78,10 +78,11 @@ class Backward:
         rng = np.random.default_rng(0)
         self.x = (rng.random(SHAPE) * 0.6).astype(np.float32)
         self.g = rng.standard_normal(SHAPE).astype(np.float32)
+        self.gx = np.empty_like(self.x)
         self.nm.lif_backward(self.g[:2], self.x[:2], 0.9)
 
     def time_nbops(self):
-        self.nm.lif_backward(self.g, self.x, 0.9)
+        self.nm.lif_backward(self.g, self.x, 0.9, out=self.gx)
 
     def time_numpy_bptt(self):
         self.tool.numpy_lif_bptt(self.g, self.x, np.float32(0.9), np.float32(1.0),

@@ -206,6 +206,19 @@ def test_out_argument():
     assert s is out
 
 
+@pytest.mark.parametrize("model", ["lif", "synaptic", "alif"])
+def test_backward_out_argument_receives_the_input_gradient(model):
+    x = _inputs((6, 40), np.float64, seed=8, scale=0.9)
+    gs = np.random.default_rng(8).standard_normal(x.shape)
+    back = {"lif": lambda **kw: nm.lif_backward(gs, x, 0.9, **kw),
+            "synaptic": lambda **kw: nm.synaptic_backward(gs, x, 0.6, 0.9, **kw),
+            "alif": lambda **kw: nm.alif_backward(gs, x, 0.9, **kw)}[model]
+    out = np.full(x.shape, np.nan)
+    g = back(out=out)
+    assert g["inputs"] is out
+    assert np.array_equal(out, back()["inputs"])
+
+
 def test_continuing_a_sequence_matches_one_call(device):
     x = _inputs((12, 37), np.float64, seed=5)
     s = host(nm.synaptic(to_dev(x, device), 0.6, 0.9))
@@ -478,6 +491,9 @@ BAD = [
      "'grad_spikes' must have shape"),
     (lambda: nm.lif_backward(X, X, 0.9, grad_v=np.ones(4, np.float32)), ValueError,
      "'grad_v'"),
+    (lambda: nm.lif_backward(X, X, 0.9, out=np.empty((4, 3), np.float64)), TypeError,
+     "'out' must be float32"),
+    (lambda: nm.lif_backward(X, X, 0.9, out=X), ValueError, "'out' overlaps input 'inputs'"),
     (lambda: nm.rate(X, 0), ValueError, "'num_steps'"),
     (lambda: nm.rate(X, 5, gain=-1.0), ValueError, "'gain'"),
     (lambda: nm.rate(X, 5, mode="gauss"), ValueError, "'mode'"),

@@ -129,8 +129,9 @@ def main(argv=None):
     t_np_b = _median_ms(lambda: numpy_lif_bptt(gs, x, dt.type(0.9), dt.type(1.0),
                                                dt.type(25.0)), max(3, args.repeat // 3), 1)
     rows.append(("NumPy BPTT loop", t_np_b, 3 * n * it, None))
-    rows.append(("lif_backward", _median_ms(lambda: nm.lif_backward(gs, x, 0.9), args.repeat),
-                 3 * n * it, t_np_b))
+    gx = np.empty_like(x)
+    rows.append(("lif_backward", _median_ms(lambda: nm.lif_backward(gs, x, 0.9, out=gx),
+                                            args.repeat), 3 * n * it, t_np_b))
 
     # streaming: one step of [batch, neurons]
     step_x = x[0].copy()

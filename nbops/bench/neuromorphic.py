@@ -52,7 +52,7 @@ def lif_numpy(x, out):
 
 
 def lif_backward_nbops(grad_spikes, x, out):
-    return nbops.neuromorphic.lif_backward(grad_spikes, x, BETA, THRESHOLD)["inputs"]
+    return nbops.neuromorphic.lif_backward(grad_spikes, x, BETA, THRESHOLD, out=out)["inputs"]
 
 
 def lif_backward_numpy(grad_spikes, x, out):

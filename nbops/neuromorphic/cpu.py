@@ -39,8 +39,11 @@ _FASTMATH = frozenset({"nsz", "arcp"})
 #: [64, 4096] float32 on 2 threads, 32768 neurons per chunk (four chunks per
 #: thread) ran LIF at 79% of copy, one chunk of 131072 per thread at 92%.
 CHUNK = 131072
-#: Bytes of chunk-local buffers per backward chunk (2 buffers of [T, chunk]).
-BACKWARD_BUFFER = 512 * 1024
+#: Bytes of chunk-local buffers per backward chunk: the membrane's [T, chunk]
+#: (and the threshold's, for the models where it varies). At T=100 x
+#: [64, 4096] float32 on 2 threads, 256 KiB to 4 MiB ran within 10% of each
+#: other (the rows' short runs cost more than the buffers' cache level).
+BACKWARD_BUFFER = 1024 * 1024
 
 
 for _f in _lif.functions().values():
@@ -187,18 +190,25 @@ def _surrogate_rows_source():
     # each), and the switch sits outside the loops, so each loop is one
     # formula that LLVM vectorizes (a switch inside kept the adjoint loop
     # scalar: 7 ns per element, 11% of copy bandwidth)
-    lines = ["def surrogate_rows(code, u, th, n, k, c, out):"]
+    lines = ["def surrogate_rows(code, u, th, q, n, k, c, out):"]
     for i, (fn, _, _) in enumerate(_lif.SURROGATES.values()):
         lines += [f"    {'if' if i == 0 else 'elif'} code == {i}:",
                   "        for i in range(n):",
-                  f"            out[i] = {fn.__name__}(u[i] - th[i], k, c)"]
+                  f"            out[i] = {fn.__name__}(u[i] - _theta(th, q, i), k, c)"]
     lines += ["    else:", "        out[:n] = c.zero"]
     return "\n".join(lines) + "\n"
 
 
+@register_jitable
+def _theta(row, q, i):
+    # neuron i's threshold at a step: from the step's row where it varies
+    # (ALIF, a refractory LIF), else the parameter itself
+    return row[i] if row is not None else _params(q, i)[1]
+
+
 _surrogate_rows = register_jitable(generated(
     _surrogate_rows_source(), "surrogate_rows",
-    {fn.__name__: fn for fn, _, _ in _lif.SURROGATES.values()}, __file__))
+    dict({fn.__name__: fn for fn, _, _ in _lif.SURROGATES.values()}, _theta=_theta), __file__))
 _SURROGATE_CODES = {name: i for i, name in enumerate(_lif.SURROGATES)}
 
 
@@ -221,70 +231,91 @@ def _constant(value, name):
     return constant
 
 
-def _backward_kernel(model, reset, detach):
+def _backward_kernel(model, reset, detach, keep_b):
+    """BPTT kernel of ``model`` for one reset mode and detach flag.
+
+    ``keep_b``: the model has a second state (synaptic current, adaptation,
+    refractory count). A LIF without refractory period has none, and then
+    every step's threshold is the parameter: the recompute keeps neither
+    that state nor a threshold row, and its step is the forward's branch-free
+    one (a live refractory branch made the load of ``x`` conditional, and
+    the recompute loop ran scalar).
+    """
     # a LIF's second state (the refractory count) takes no gradient: its
     # adjoint row is not carried (one load and one store stream less)
     carry_b = model != "lif"
+    theta_rows = model == "alif" or (model == "lif" and keep_b)
     eq = _equations(reset, detach)
     step = eq[_lif.MODELS[model][0].__name__]
     adj = eq[_lif.MODELS[model][1].__name__]
     surrogate_rows = _surrogate_rows
     reset_fn = eq["_reset"]
-    model = f"{model}_r{reset}d{int(detach)}"
+    model = f"{model}_r{reset}d{int(detach)}{'b' if keep_b else ''}"
 
     def recompute(x, j0, n, sa, sb, q, c, uu, tt):
-        # the chunk's forward again, keeping the membrane and the threshold
-        # rows as 1-D views indexed by the loop counter: a 2-D index with a
-        # signed row number is tested for wraparound per element, and
-        # those tests kept these loops scalar
+        # the chunk's forward again, keeping the membrane (and where it
+        # varies the threshold) as rows of 1-D views indexed by the loop
+        # counter: a 2-D index with a signed row number is tested for
+        # wraparound per element, and those tests kept these loops scalar
         for t in range(x.shape[0]):
             xr = x[t, j0:j0 + n]
             ur = uu[t]
-            tr = tt[t]
+            tr = tt[t] if tt is not None else None
             for i in range(n):
-                s, u, th, a2, b2 = step(xr[i], sa[i], sb[i], _params(q, i), c)
+                s, u, th, a2, b2 = step(xr[i], sa[i], sb[i] if sb is not None else c.zero,
+                                        _params(q, i), c)
                 ur[i] = u
-                tr[i] = th
+                if tt is not None:
+                    tr[i] = th
                 sa[i] = a2
-                sb[i] = b2
+                if sb is not None:
+                    sb[i] = b2
 
     def reverse(j0, n, a0, q, c, code, sp, uu, tt, gs, gtrace, ga, gb, gx, acc_b, acc_t):
-        # ga/gb carry the gradients of the state from the last step back;
-        # the state before step t is the reset of step t - 1 (or a0)
+        # ga/gb carry the gradients of the state from the last step back
         n_t = uu.shape[0]
         a0r = a0[j0:j0 + n]
         sgr = np.empty(n, uu.dtype)
-        vprev = np.empty(n, uu.dtype)
         for k in range(n_t):
             t = n_t - 1 - k
             ur = uu[t]
-            tr = tt[t]
-            surrogate_rows(code, ur, tr, n, sp, c, sgr)
-            # the membrane before step t: the reset of step t - 1, or a0
-            if t > 0:
-                upr = uu[t - 1]
-                tpr = tt[t - 1]
-                for i in range(n):
-                    vprev[i] = reset_fn(upr[i], upr[i] > tpr[i], tpr[i], c)
-            else:
-                vprev[:] = a0r
+            tr = tt[t] if tt is not None else None
+            surrogate_rows(code, ur, tr, q, n, sp, c, sgr)
             gsr = gs[t, j0:j0 + n]
             gxr = gx[t, j0:j0 + n]
             gtr = gtrace[t, j0:j0 + n] if gtrace is not None else None
-            for i in range(n):
-                u = ur[i]
-                th = tr[i]
-                gu_ext = gtr[i] if gtrace is not None else c.zero
-                g, ga2, gb2, db, dth = adj(gsr[i], gu_ext, u, th, vprev[i], u > th,
-                                           sgr[i], ga[i], gb[i] if carry_b else c.zero,
-                                           _params(q, i), c)
-                gxr[i] = g
-                ga[i] = ga2
-                if carry_b:
-                    gb[i] = gb2
-                acc_b[i] += db
-                acc_t[i] += dth
+            if t > 0:
+                adjoint_row(n, q, c, ur, tr, uu[t - 1], tt[t - 1] if tt is not None else None,
+                            a0r, sgr, gsr, gtr, gxr, ga, gb, acc_b, acc_t)
+            else:
+                adjoint_row(n, q, c, ur, tr, None, None, a0r, sgr, gsr, gtr, gxr, ga, gb,
+                            acc_b, acc_t)
 
+    def adjoint_row(n, q, c, ur, tr, prev, tprev, v0, sgr, gsr, gtr, gxr, ga, gb, acc_b,
+                    acc_t):
+        # one step back over the chunk's neurons. The membrane before the
+        # step is the reset of the previous step's row ``prev``, recomputed
+        # here, or ``v0`` at the first step (prev None: a loop of its own,
+        # not a branch per element, which LLVM left in the vectorized loop)
+        for i in range(n):
+            u = ur[i]
+            th = _theta(tr, q, i)
+            if prev is None:
+                vprev = v0[i]
+            else:
+                thp = _theta(tprev, q, i)
+                vprev = reset_fn(prev[i], prev[i] > thp, thp, c)
+            gu_ext = gtr[i] if gtr is not None else c.zero
+            g, ga2, gb2, db, dth = adj(gsr[i], gu_ext, u, th, vprev, u > th, sgr[i], ga[i],
+                                       gb[i] if carry_b else c.zero, _params(q, i), c)
+            gxr[i] = g
+            ga[i] = ga2
+            if carry_b:
+                gb[i] = gb2
+            acc_b[i] += db
+            acc_t[i] += dth
+
+    adjoint_row = _jitable(adjoint_row, f"{model}_adjoint_row")
     recompute = _jitable(recompute, f"{model}_recompute")
     reverse = _jitable(reverse, f"{model}_reverse")
 
@@ -292,9 +323,9 @@ def _backward_kernel(model, reset, detach):
             gthr):
         n_t = x.shape[0]
         uu = np.empty((n_t, n), x.dtype)
-        tt = np.empty((n_t, n), x.dtype)
+        tt = np.empty((n_t, n), x.dtype) if theta_rows else None
         sa = a0[j0:j0 + n].copy()
-        sb = b0[j0:j0 + n].copy()
+        sb = b0[j0:j0 + n].copy() if keep_b else None
         recompute(x, j0, n, sa, sb, q, c, uu, tt)
         ga = ga_t[j0:j0 + n].copy()
         gb = gb_t[j0:j0 + n].copy()
@@ -345,7 +376,7 @@ def _backward_kernel(model, reset, detach):
     # reads rows t of the [T, chunk] buffers: LLVM's alias checks hoisted
     # out of the time loop always failed there, and the loop ran scalar
     # (see nbops._jit; 1.45x faster without the hoisting)
-    return _named(bwd, f"{model}_backward", hoist_checks=False)
+    return _named(bwd, f"{model}_backward", hoist_checks=False), 1 + theta_rows
 
 
 _FORWARD = {}
@@ -396,14 +427,17 @@ def backward(model, surrogate, x, a0, b0, p, c, sp, gs, gtrace, ga_t, gb_t,
     n_t, m = x.shape
     if m == 0:
         return
-    key = (model, int(c.reset), bool(c.detach))
+    keep_b = model != "lif" or c.refr > 0
+    key = (model, int(c.reset), bool(c.detach), keep_b)
     if key not in _BACKWARD:
         _BACKWARD[key] = _backward_kernel(*key)
-    # the chunk-local [T, chunk] membrane and threshold stay within L2
-    chunk = max(16, min(CHUNK, BACKWARD_BUFFER // (2 * max(n_t, 1) * x.itemsize) // 16 * 16))
+    kernel, rows = _BACKWARD[key]
+    # the chunk-local [T, chunk] buffers (membrane, threshold) stay near L2
+    per_neuron = rows * max(n_t, 1) * x.itemsize
+    chunk = max(16, min(CHUNK, BACKWARD_BUFFER // per_neuron // 16 * 16))
     gtr = gtrace if gtrace is not None else np.empty((1, 1), x.dtype)
-    _BACKWARD[key](x, a0, b0, p, c, _SURROGATE_CODES[surrogate], sp, _chunk(m, chunk), gs,
-                     gtr, gtrace is not None, ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
+    kernel(x, a0, b0, p, c, _SURROGATE_CODES[surrogate], sp, _chunk(m, chunk), gs, gtr,
+           gtrace is not None, ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
 
 
 def _chunk(m, chunk=CHUNK):
