@@ -66,10 +66,24 @@ def _params_typed(q, i):
     return lambda q, i: (q[0, i], q[1, i], q[2, i], q[3, i])
 
 
-@register_jitable
-def _shared(prm):
-    # the shared ([4, 1]) parameters as the tuple of scalars _params takes
-    return (prm[0, 0], prm[1, 0], prm[2, 0], prm[3, 0])
+def _chunk_params(prm, j0, n):
+    """The parameters of neurons ``j0 .. j0 + n`` in the form :func:`_params`
+    takes: the tuple of shared scalars itself, or the chunk's ``[4, n]``
+    rows copied out of the ``[4, M]`` per-neuron array."""
+
+
+@overload(_chunk_params, jit_options={"cache": False})
+def _chunk_params_typed(prm, j0, n):
+    if isinstance(prm, types.BaseTuple):
+        return lambda prm, j0, n: prm
+    return lambda prm, j0, n: _rows(prm, j0, n)
+
+
+def _param_arg(p):
+    # shared parameters ([4, 1]) travel as a tuple of four scalars, per-neuron
+    # ones as the array: two argument types, so a kernel compiles the form a
+    # call uses, not both
+    return tuple(p[:, 0]) if p.shape[1] == 1 else p
 
 
 def _named(fn, name, **options):
@@ -126,48 +140,38 @@ def _forward_kernels(model):
 
     sweep = _jitable(sweep, f"{model}_sweep")
 
-    def chunk_body(x, a0, b0, prm, c, j0, j1, spk, a_out, b_out, keep_b, trace, with_trace):
+    def chunk_body(x, a0, b0, prm, c, j0, j1, spk, a_out, b_out, trace):
+        # b0/b_out None: a LIF without refractory period, no second state;
+        # trace None: not kept; prm a tuple (shared) or [4, M] rows. Each is
+        # its own argument type, so a kernel compiles the variant a call
+        # uses (all of them in one body cost every call's first use 4-8x
+        # the compile time)
         n = j1 - j0
         sa = a0[j0:j1].copy()
-        if keep_b:
+        if b0 is not None:
             sb = b0[j0:j1].copy()
-            with_params(x, j0, n, sa, sb, prm, c, spk, trace, with_trace)
+            sweep(x, j0, n, sa, sb, _chunk_params(prm, j0, n), c, spk, trace)
             b_out[j0:j1] = sb
         else:
-            with_params(x, j0, n, sa, None, prm, c, spk, trace, with_trace)
+            sweep(x, j0, n, sa, None, _chunk_params(prm, j0, n), c, spk, trace)
         a_out[j0:j1] = sa
-
-    def with_params(x, j0, n, sa, sb, prm, c, spk, trace, with_trace):
-        # one sweep per (parameter form, trace), each compiled from the same code
-        if prm.shape[1] > 1:
-            traced(x, j0, n, sa, sb, _rows(prm, j0, n), c, spk, trace, with_trace)
-        else:
-            traced(x, j0, n, sa, sb, _shared(prm), c, spk, trace, with_trace)
-
-    def traced(x, j0, n, sa, sb, q, c, spk, trace, with_trace):
-        if with_trace:
-            sweep(x, j0, n, sa, sb, q, c, spk, trace)
-        else:
-            sweep(x, j0, n, sa, sb, q, c, spk, None)
-
-    traced = _jitable(traced, f"{model}_forward_traced")
-    with_params = _jitable(with_params, f"{model}_forward_params")
 
     # a plain (register_jitable) function, not a dispatcher: a dispatcher in
     # a kernel's closure changes the on-disk cache key in every process
     body = _jitable(chunk_body, f"{model}_forward_chunk")
 
-    def chunked(x, a0, b0, prm, c, chunk, spk, a_out, b_out, keep_b, trace, with_trace):
+    def chunked(x, a0, b0, prm, c, chunk, spk, a_out, b_out, trace):
         m = x.shape[1]
         for k in prange((m + chunk - 1) // chunk):
             body(x, a0, b0, prm, c, k * chunk, min(k * chunk + chunk, m), spk, a_out, b_out,
-                 keep_b, trace, with_trace)
+                 trace)
 
-    def time_outer(x, a0, b0, prm, c, chunk, spk, a_out, b_out, keep_b, trace, with_trace):
+    def time_outer(x, a0, b0, prm, c, spk, a_out, b_out, trace):
+        # prm always [4, 1] or [4, M] rows here, b0/b_out arrays
         n_t, m = x.shape
         for j in prange(m):
             a_out[j] = a0[j]
-            b_out[j] = b0[j] if keep_b else c.zero
+            b_out[j] = b0[j]
         for t in range(n_t):
             for j in prange(m):
                 # (a prange index may be unsigned: keep the select in int64)
@@ -177,7 +181,7 @@ def _forward_kernels(model):
                 spk[t, j] = s
                 a_out[j] = a2
                 b_out[j] = b2
-                if with_trace:
+                if trace is not None:
                     trace[t, j] = u
 
     return (_named(chunked, f"{model}_forward"), _named(time_outer, f"{model}_forward_t"))
@@ -342,35 +346,21 @@ def _backward_kernel(model, reset, detach, keep_b):
 
     run = _jitable(run, f"{model}_backward_run")
 
-    def traced(x, a0, b0, q, c, code, sp, j0, n, gs, gtrace, with_gtrace, ga_t, gb_t, gx,
-               ga0, gb0, gbeta, gthr):
-        if with_gtrace:
-            run(x, a0, b0, q, c, code, sp, j0, n, gs, gtrace, ga_t, gb_t, gx, ga0, gb0, gbeta,
-                gthr)
-        else:
-            run(x, a0, b0, q, c, code, sp, j0, n, gs, None, ga_t, gb_t, gx, ga0, gb0, gbeta,
-                gthr)
-
-    traced = _jitable(traced, f"{model}_backward_traced")
-
-    def chunk_body(x, a0, b0, prm, c, code, sp, j0, n, gs, gtrace, with_gtrace, ga_t, gb_t,
-                   gx, ga0, gb0, gbeta, gthr):
-        # parameters as rows or as a tuple of scalars (see _params)
-        if prm.shape[1] > 1:
-            traced(x, a0, b0, _rows(prm, j0, n), c, code, sp, j0, n, gs, gtrace, with_gtrace,
-                   ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
-        else:
-            traced(x, a0, b0, _shared(prm), c, code, sp, j0, n, gs, gtrace, with_gtrace,
-                   ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
+    def chunk_body(x, a0, b0, prm, c, code, sp, j0, n, gs, gtrace, ga_t, gb_t, gx, ga0, gb0,
+                   gbeta, gthr):
+        # prm a tuple (shared) or [4, M] rows, gtrace None or [T, M]: each
+        # variant compiles when a call first uses it (see the forward's)
+        run(x, a0, b0, _chunk_params(prm, j0, n), c, code, sp, j0, n, gs, gtrace, ga_t, gb_t,
+            gx, ga0, gb0, gbeta, gthr)
 
     body = _jitable(chunk_body, f"{model}_backward_chunk")
 
-    def bwd(x, a0, b0, prm, c, code, sp, chunk, gs, gtrace, with_gtrace, ga_t, gb_t, gx, ga0,
-            gb0, gbeta, gthr):
+    def bwd(x, a0, b0, prm, c, code, sp, chunk, gs, gtrace, ga_t, gb_t, gx, ga0, gb0, gbeta,
+            gthr):
         m = x.shape[1]
         for k in prange((m + chunk - 1) // chunk):
             body(x, a0, b0, prm, c, code, sp, k * chunk, min(chunk, m - k * chunk), gs, gtrace,
-                 with_gtrace, ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
+                 ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
 
     # the adjoint loop writes per-neuron rows (ga, acc_b, acc_t) while it
     # reads rows t of the [T, chunk] buffers: LLVM's alias checks hoisted
@@ -398,20 +388,20 @@ def forward(model, x, a0, b0, p, c, spk, a_out, b_out, trace, time_outer=False):
     ``trace[T, M]`` unless it is None. ``p`` is a ``[4, 1]`` (shared) or
     ``[4, M]`` (per-neuron) array of the parameters ``(beta, threshold, p2,
     p3)``. ``time_outer`` picks the other loop order (benchmarks only).
-    Absent arrays become small scratch buffers, so that one compiled kernel
-    serves every combination.
+    Absent arrays are None, and shared parameters a tuple: each combination
+    compiles the variant of the kernel it needs on first use.
     """
     n_t, m = x.shape
     if m == 0:
         return
-    keep_b = b_out is not None
-    if not keep_b:
-        # untouched by the chunked kernel: no per-call allocation of [M]
-        b0 = b_out = np.zeros(m if time_outer else 1, x.dtype)
-    # an absent trace is a dummy of the same type: one kernel signature
-    tr = trace if trace is not None else np.empty((1, 1), x.dtype)
-    kern = _forward_for(model)[1 if time_outer else 0]
-    kern(x, a0, b0, p, c, _chunk(m), spk, a_out, b_out, keep_b, tr, trace is not None)
+    if time_outer:
+        if b_out is None:
+            b0 = b_out = np.zeros(m, x.dtype)
+        _forward_for(model)[1](x, a0, b0, p, c, spk, a_out, b_out, trace)
+        return
+    if b_out is None:
+        b0 = None
+    _forward_for(model)[0](x, a0, b0, _param_arg(p), c, _chunk(m), spk, a_out, b_out, trace)
 
 
 def backward(model, surrogate, x, a0, b0, p, c, sp, gs, gtrace, ga_t, gb_t,
@@ -435,9 +425,8 @@ def backward(model, surrogate, x, a0, b0, p, c, sp, gs, gtrace, ga_t, gb_t,
     # the chunk-local [T, chunk] buffers (membrane, threshold) stay near L2
     per_neuron = rows * max(n_t, 1) * x.itemsize
     chunk = max(16, min(CHUNK, BACKWARD_BUFFER // per_neuron // 16 * 16))
-    gtr = gtrace if gtrace is not None else np.empty((1, 1), x.dtype)
-    kernel(x, a0, b0, p, c, _SURROGATE_CODES[surrogate], sp, _chunk(m, chunk), gs, gtr,
-           gtrace is not None, ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
+    kernel(x, a0, b0, _param_arg(p), c, _SURROGATE_CODES[surrogate], sp, _chunk(m, chunk), gs,
+           gtrace, ga_t, gb_t, gx, ga0, gb0, gbeta, gthr)
 
 
 def _chunk(m, chunk=CHUNK):
