@@ -98,10 +98,15 @@ class Step:
         self.x = (np.random.default_rng(0).random(SHAPE[1:]) * 0.6).astype(np.float32)
         self.state = nm.LIFState(np.zeros_like(self.x))
         self.p = nm.LIFParameters(0.9, 1.0, "subtract")
+        self.spikes = np.empty_like(self.x)
         nm.lif_step(self.x, self.state, self.p)
 
     def time_lif_step(self):
         self.nm.lif_step(self.x, self.state, self.p)
+
+    def time_lif_step_in_place(self):
+        # the edge loop: spikes and membrane into the same two buffers every step
+        self.nm.lif_step(self.x, self.state, self.p, out=self.spikes, inplace=True)
 
 
 class Rate:

@@ -241,6 +241,21 @@ def test_lif_step_is_the_sequence_kernel(device):
     assert np.array_equal(host(state.v), v)
 
 
+def test_lif_step_in_place_with_out_is_the_sequence_kernel(device):
+    x = _inputs((9, 3, 40), np.float32, seed=7, scale=0.8)
+    params = nm.LIFParameters(beta=0.8, threshold=0.9)
+    s, v = host(nm.lif(to_dev(x, device), 0.8, 0.9, spike_dtype=np.uint8))
+    state = nm.LIFState(to_dev(np.zeros(x.shape[1:], np.float32), device))
+    v_buf = state.v
+    spikes = to_dev(np.empty(x.shape[1:], np.uint8), device)
+    for t in range(x.shape[0]):
+        spk, new = nm.lif_step(to_dev(x[t], device), state, params, np.uint8, out=spikes,
+                               inplace=True)
+        assert spk is spikes and new is state and new.v is v_buf
+        assert np.array_equal(host(spk), s[t])
+    assert np.array_equal(host(state.v), v)
+
+
 def test_empty_neurons():
     s, v = nm.lif(np.zeros((3, 0), np.float32), 0.9)
     assert s.shape == (3, 0) and v.shape == (0,)
@@ -487,6 +502,12 @@ BAD = [
     (lambda: nm.lif_step(X[0], None, nm.LIFParameters(beta=2.0)), ValueError, "'beta'"),
     (lambda: nm.lif_step(X[0], None, nm.LIFParameters(threshold=0)), ValueError,
      "'threshold'"),
+    (lambda: nm.lif_step(X[0], None, inplace=True), ValueError, "state is None"),
+    (lambda: nm.lif_step(X[0], None, inplace=1), TypeError, "'inplace' must be a bool"),
+    (lambda: nm.lif_step(X[0], nm.LIFState(np.zeros((3, 2), np.float32)[:, 0]), inplace=True),
+     ValueError, "C-contiguous state.v"),
+    (lambda: nm.lif_step(X[0], None, out=np.empty(4, np.float32)), ValueError,
+     "'out' must have shape"),
     (lambda: nm.lif_backward(np.ones((4, 2), np.float32), X, 0.9), ValueError,
      "'grad_spikes' must have shape"),
     (lambda: nm.lif_backward(X, X, 0.9, grad_v=np.ones(4, np.float32)), ValueError,

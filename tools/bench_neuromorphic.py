@@ -8,7 +8,10 @@ once), the fraction of a parallel copy's bandwidth measured in the same run,
 and the ratio to the NumPy loop over time (the seed article's loop).
 snnTorch and PyTorch loops are timed when importable.
 
-    python tools/bench_neuromorphic.py [--threads 2] [--repeat 15] [--steps 100]
+    python tools/bench_neuromorphic.py [--threads 2] [--repeat 9] [--steps 100]
+
+Every row is timed in the same rounds, interleaved (``nbops.bench.harness``),
+so that the machine's slow phases hit the copy and the kernels alike.
 """
 
 import argparse
@@ -16,17 +19,6 @@ import importlib
 import time
 
 import numpy as np
-
-
-def _median_ms(fn, repeat, warmup=2):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * float(np.median(times))
 
 
 def _copy_kernel():
@@ -72,7 +64,7 @@ def numpy_lif_bptt(gs, x, beta, thr, slope):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--repeat", type=int, default=9, help="interleaved rounds")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--neurons", type=int, default=4096)
@@ -81,6 +73,7 @@ def main(argv=None):
 
     import nbops
     import nbops.neuromorphic as nm
+    from nbops.bench.harness import time_interleaved
 
     cpu = importlib.import_module("nbops.neuromorphic.cpu")
     nbops.set_num_threads(args.threads)
@@ -90,17 +83,16 @@ def main(argv=None):
     x = (rng.random(shape) * 0.6).astype(dt)
     n = x.size
     it = dt.itemsize
+    # (name, function, bytes it must move, the baseline its ratio is against)
     rows = []
 
     copy = _copy_kernel()
     dst = np.empty_like(x)
-    t_copy = _median_ms(lambda: copy(x.reshape(-1), dst.reshape(-1)), args.repeat)
-    bw_copy = 2 * n * it / t_copy / 1e6
-    rows.append(("copy (numba prange)", t_copy, 2 * n * it, None))
-
+    rows.append(("copy (numba prange)", lambda: copy(x.reshape(-1), dst.reshape(-1)),
+                 2 * n * it, None))
     out = np.empty_like(x)
-    t_np = _median_ms(lambda: numpy_lif(x, dt.type(0.9), dt.type(1.0), out), args.repeat)
-    rows.append(("NumPy loop over time", t_np, 2 * n * it, None))
+    rows.append(("NumPy loop over time", lambda: numpy_lif(x, dt.type(0.9), dt.type(1.0), out),
+                 2 * n * it, None))
 
     spk = np.empty(shape, dt)
     spk8 = np.empty(shape, np.uint8)
@@ -113,45 +105,55 @@ def main(argv=None):
         ("lif + membrane trace", lambda: nm.lif(x, 0.9, trace=True, out=spk), 2 * it),
     ]
     for name, fn, out_bytes in cases:
-        rows.append((name, _median_ms(fn, args.repeat), n * (it + out_bytes), t_np))
+        rows.append((name, fn, n * (it + out_bytes), "NumPy loop over time"))
 
     # the other memory order: time outermost, a parallel sweep over neurons per step
     call_args = _layout_args(nm, x)
+    rows.append(("lif, time loop outside (layout A)",
+                 lambda: cpu.forward("lif", *call_args, time_outer=True), 2 * n * it,
+                 "NumPy loop over time"))
 
-    def time_outer():
-        cpu.forward("lif", *call_args, time_outer=True)
-
-    rows.append(("lif, time loop outside (layout A)", _median_ms(time_outer, args.repeat),
-                 2 * n * it, t_np))
-
-    # backward through time
+    # backward through time: inputs and spike gradients read, input gradients written
     gs = rng.standard_normal(shape).astype(dt)
-    t_np_b = _median_ms(lambda: numpy_lif_bptt(gs, x, dt.type(0.9), dt.type(1.0),
-                                               dt.type(25.0)), max(3, args.repeat // 3), 1)
-    rows.append(("NumPy BPTT loop", t_np_b, 3 * n * it, None))
     gx = np.empty_like(x)
-    rows.append(("lif_backward", _median_ms(lambda: nm.lif_backward(gs, x, 0.9, out=gx),
-                                            args.repeat), 3 * n * it, t_np_b))
+    rows.append(("NumPy BPTT loop",
+                 lambda: numpy_lif_bptt(gs, x, dt.type(0.9), dt.type(1.0), dt.type(25.0)),
+                 3 * n * it, None))
+    rows.append(("lif_backward", lambda: nm.lif_backward(gs, x, 0.9, out=gx), 3 * n * it,
+                 "NumPy BPTT loop"))
 
-    # streaming: one step of [batch, neurons]
+    # streaming: one step of [batch, neurons]; x and v read, spikes and v written
     step_x = x[0].copy()
     state = nm.LIFState(np.zeros_like(step_x))
     p = nm.LIFParameters(0.9, 1.0, "subtract")
-    t_step = _median_ms(lambda: nm.lif_step(step_x, state, p), args.repeat * 20, 20)
-    step_bytes = 4 * step_x.size * it        # x and v read, spikes and v written
-    rows.append(("lif_step, one step", t_step, step_bytes, None))
+    step_bytes = 4 * step_x.size * it
+    step_spikes = np.empty_like(step_x)
+    rows.append(("lif_step, one step", lambda: nm.lif_step(step_x, state, p), step_bytes,
+                 None))
+    rows.append(("lif_step, out= and inplace", lambda: nm.lif_step(
+        step_x, state, p, out=step_spikes, inplace=True), step_bytes, None))
 
-    _peers(rows, x, args.repeat, it, t_np)
+    _peers(rows, x, it)
 
+    for _, fn, _, _ in rows:
+        fn()
+    times = dict(zip([r[0] for r in rows],
+                     (1e3 * t for t in time_interleaved([r[1] for r in rows], args.repeat))))
+    bw_copy = 2 * n * it / times["copy (numba prange)"] / 1e6
     print(f"T={args.steps} batch={args.batch} neurons={args.neurons} {dt.name}, "
-          f"{args.threads} threads; copy {bw_copy:.1f} GB/s")
+          f"{args.threads} threads, medians of {args.repeat} interleaved rounds; "
+          f"copy {bw_copy:.1f} GB/s")
     print(f"{'kernel':36s} {'ms':>9s} {'GB/s':>7s} {'of copy':>8s} {'vs NumPy':>9s}")
-    for name, ms, nbytes, base in rows:
+    for name, _, nbytes, base in rows:
+        ms = times[name]
         gbs = nbytes / ms / 1e6
-        ratio = f"{base / ms:8.1f}x" if base else ""
+        ratio = f"{times[base] / ms:8.1f}x" if base else ""
         print(f"{name:36s} {ms:9.3f} {gbs:7.1f} {gbs / bw_copy:8.0%} {ratio:>9s}")
-    overhead_us = 1e3 * t_step - step_bytes / (bw_copy * 1e3)
-    print(f"lif_step overhead beyond its memory traffic: {overhead_us:.1f} us")
+    for name in ("lif_step, one step", "lif_step, out= and inplace"):
+        overhead_us = 1e3 * times[name] - step_bytes / (bw_copy * 1e3)
+        print(f"{name}: {overhead_us:.1f} us beyond its memory traffic at copy bandwidth")
+    if "snnTorch Leaky" in times:
+        print(f"lif against snnTorch's Leaky: {times['snnTorch Leaky'] / times['lif']:.1f}x")
 
 
 def _layout_args(nm, x):
@@ -162,7 +164,7 @@ def _layout_args(nm, x):
             np.empty((t, m), x.dtype), np.empty(m, x.dtype), None, None)
 
 
-def _peers(rows, x, repeat, it, t_np):
+def _peers(rows, x, it):
     try:
         import torch
     except ImportError:
@@ -171,6 +173,7 @@ def _peers(rows, x, repeat, it, t_np):
     torch.set_num_threads(2)
     xt = torch.from_numpy(x)
 
+    @torch.no_grad()
     def torch_loop():
         v = torch.zeros_like(xt[0])
         out = torch.empty_like(xt)
@@ -181,9 +184,7 @@ def _peers(rows, x, repeat, it, t_np):
             out[t] = s
         return out
 
-    with torch.no_grad():
-        rows.append(("torch loop over time", _median_ms(torch_loop, repeat), 2 * x.size * it,
-                     t_np))
+    rows.append(("torch loop over time", torch_loop, 2 * x.size * it, "NumPy loop over time"))
     try:
         import snntorch as snn
     except ImportError:
@@ -191,13 +192,13 @@ def _peers(rows, x, repeat, it, t_np):
         return
     leaky = snn.Leaky(beta=0.9)
 
+    @torch.no_grad()
     def snn_loop():
         mem = leaky.init_leaky()
         for t in range(xt.shape[0]):
             spk, mem = leaky(xt[t], mem)
 
-    with torch.no_grad():
-        rows.append(("snnTorch Leaky", _median_ms(snn_loop, repeat), 2 * x.size * it, t_np))
+    rows.append(("snnTorch Leaky", snn_loop, 2 * x.size * it, "NumPy loop over time"))
 
 
 if __name__ == "__main__":

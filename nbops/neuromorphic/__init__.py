@@ -36,7 +36,7 @@ import numbers
 
 import numpy as np
 
-from .. import _checks, _dispatch
+from .. import _checks, _dispatch, _layout
 from .._dispatch import operator
 from . import lif as _lif
 from .encoding import delta, first_spike_time, latency, rate, spike_count  # noqa: F401
@@ -239,10 +239,13 @@ class _Call:
     def empty(self, shape, dtype=None):
         return _checks.empty(shape, dtype or self.dtype, self.dev)
 
-    def forward(self, trace, spike_dtype, out=None):
+    def forward(self, trace, spike_dtype, out=None, a_out=None):
+        # a_out: where the final membrane goes (the initial state's own
+        # array for lif_step(inplace=True): each chunk reads its a0 first)
         sd = _spike_dtype(self.op, spike_dtype, self.dtype)
-        spk = _checks.output(self.op, out, self.shape, sd, self.dev, {"inputs": self.x})
-        a = self.empty(self.shape[1:])
+        spk = _checks.output(self.op, out, self.shape, sd, self.dev,
+                             {"inputs": self.x, "v0": self.a0})
+        a = self.empty(self.shape[1:]) if a_out is None else a_out
         b = self.empty(self.shape[1:]) if self.keep_b else None
         tr = self.empty(self.shape) if trace else None
         t, m = self.shape[0], self.m
@@ -581,7 +584,8 @@ alif.backward = _rule("alif", ("inputs", "beta", "threshold", "adapt_decay", "ad
 
 
 @operator("lif_step")
-def lif_step(x, state=None, params=LIFParameters(), spike_dtype=None):
+def lif_step(x, state=None, params=LIFParameters(), spike_dtype=None, *, out=None,
+             inplace=False):
     """One time step of :func:`lif`, for streaming (edge) inference.
 
     Parameters
@@ -594,6 +598,13 @@ def lif_step(x, state=None, params=LIFParameters(), spike_dtype=None):
         ``LIFParameters(beta, threshold, reset)``, checked as :func:`lif`
         checks them.
     spike_dtype : None (x's dtype), np.uint8 or np.bool_
+    out : array, optional
+        Receives the spikes (shape of x, ``spike_dtype``, C-contiguous, on
+        x's device).
+    inplace : bool
+        Write the new membrane into ``state.v`` (C-contiguous, of x's
+        dtype) and return ``state`` itself. With ``out`` too a step
+        allocates nothing: a loop over a stream reuses the same two buffers.
 
     Returns
     -------
@@ -603,7 +614,9 @@ def lif_step(x, state=None, params=LIFParameters(), spike_dtype=None):
     Raises
     ------
     TypeError/ValueError as :func:`lif`; ValueError when ``state.v`` does
-    not have x's shape (a sequence given as one step shows up here).
+    not have x's shape (a sequence given as one step shows up here), or
+    when ``inplace`` has no state to update or ``state.v`` is not
+    C-contiguous.
 
     Example
     -------
@@ -611,6 +624,10 @@ def lif_step(x, state=None, params=LIFParameters(), spike_dtype=None):
     >>> state = None
     >>> for x in np.full((4, 2), 0.6, np.float32):
     ...     s, state = nbops.neuromorphic.lif_step(x, state, p)
+    >>> spikes = np.empty(2, np.float32)
+    >>> state = nbops.neuromorphic.LIFState(np.zeros(2, np.float32))
+    >>> for x in np.full((4, 2), 0.6, np.float32):
+    ...     s, state = nbops.neuromorphic.lif_step(x, state, p, out=spikes, inplace=True)
     """
     if not isinstance(params, LIFParameters):
         raise TypeError(f"lif_step: argument 'params' must be a LIFParameters, got "
@@ -618,15 +635,32 @@ def lif_step(x, state=None, params=LIFParameters(), spike_dtype=None):
     if state is not None and not isinstance(state, LIFState):
         raise TypeError(f"lif_step: argument 'state' must be a LIFState or None, got "
                         f"{_checks.describe(state)}")
+    if not isinstance(inplace, (bool, np.bool_)):
+        raise TypeError(f"lif_step: argument 'inplace' must be a bool, got "
+                        f"{_checks.describe(inplace)}")
     _checks.array("lif_step", "x", x)
     seq = x.reshape((1,) + tuple(x.shape) if x.ndim else (1, 1))
     v0 = None if state is None else state.v
     if v0 is not None and tuple(getattr(v0, "shape", ())) != tuple(x.shape):
         raise ValueError(f"lif_step: state.v must have the shape of x {tuple(x.shape)}, got "
                          f"{tuple(getattr(v0, 'shape', ()))}")
+    if inplace:
+        if v0 is None:
+            raise ValueError("lif_step: inplace=True updates state.v, but state is None; "
+                             "pass LIFState(v) with v the initial membrane (zeros from rest)")
+        if not _layout.is_c_contiguous(v0):
+            raise ValueError(f"lif_step: inplace=True needs a C-contiguous state.v, got "
+                             f"strides {tuple(v0.strides)}")
     if v0 is not None:
         v0 = v0.reshape(seq.shape[1:])
     call = _Call("lif_step", "lif", seq, params.beta, params.threshold, params.reset,
                  ("state.v", v0), ("r0", None))
-    spk, v, _, _ = call.forward(False, spike_dtype)
-    return spk.reshape(x.shape), LIFState(v.reshape(x.shape))
+    seq_out = None
+    if out is not None:
+        sd = _spike_dtype("lif_step", spike_dtype, call.dtype)
+        _checks.output("lif_step", out, x.shape, sd, call.dev,
+                       {"x": x, "state.v": state.v if state else None})
+        seq_out = out.reshape(seq.shape)        # C-contiguous: a view
+    spk, v, _, _ = call.forward(False, spike_dtype, seq_out, call.a0 if inplace else None)
+    return (spk.reshape(x.shape) if out is None else out,
+            state if inplace else LIFState(v.reshape(x.shape)))
