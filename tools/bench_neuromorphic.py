@@ -121,6 +121,10 @@ def main(argv=None):
                  3 * n * it, None))
     rows.append(("lif_backward", lambda: nm.lif_backward(gs, x, 0.9, out=gx), 3 * n * it,
                  "NumPy BPTT loop"))
+    rows.append(("synaptic_backward", lambda: nm.synaptic_backward(gs, x, 0.8, 0.9, out=gx),
+                 3 * n * it, "NumPy BPTT loop"))
+    rows.append(("alif_backward", lambda: nm.alif_backward(gs, x, 0.9, out=gx), 3 * n * it,
+                 "NumPy BPTT loop"))
 
     # streaming: one step of [batch, neurons]; x and v read, spikes and v written
     step_x = x[0].copy()
