@@ -8,13 +8,17 @@ the step. ``forward_time_outer`` is the other order (time outermost, a
 parallel sweep over all neurons per step), kept for the benchmark that
 compares them.
 
-Backward through time recomputes the chunk's forward pass into chunk-local
-buffers (``[T, chunk]``, sized to stay in L2) and then walks it in reverse:
-it reads the inputs and the spike gradients once and writes the input
-gradients once, and the forward never has to store a trace for it.
+Backward through time recomputes the chunk's forward pass into a
+chunk-local membrane buffer (``[T, chunk]``, about 1 MiB; a threshold buffer
+too where the threshold varies) and then walks it in reverse: it reads the
+inputs and the spike gradients once and writes the input gradients once,
+and the forward never has to store a trace for it.
 
-Kernels compile per model on first use; the backward kernel takes the
-surrogate as a runtime code, so one kernel serves every surrogate.
+Kernels compile per model (and, for the backward, per reset mode and detach
+flag) on first use; the backward kernel takes the surrogate as a runtime
+code, so one kernel serves every surrogate. Optional arrays are None and
+shared parameters a tuple of scalars, so each call compiles only the
+variant it uses.
 No contraction flag: ``v * beta + x`` rounds as the seed's NumPy loop does,
 so spikes and membranes are bit-identical to it.
 """
