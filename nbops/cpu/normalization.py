@@ -68,8 +68,10 @@ def _pick(twins, size):
 def norm_rows(x, w, b, eps, centered, out):
     """``out[r] = (x[r] - mean_r) * rstd_r * w + b`` for a (rows, d) ``x``;
     ``mean_r`` is 0 when not ``centered`` (RMS norm)."""
-    if x.shape[0] and x.shape[1]:
-        _pick(_rows_forward, x.size)(x, w, b, float(eps), bool(centered), out)
+    rows = x.shape[0]
+    if rows and x.shape[1]:
+        chunks = 1 if x.size < SERIAL_BELOW else max(1, min(rows, 4 * numba.get_num_threads()))
+        _pick(_rows_forward, x.size)(x, w, b, float(eps), bool(centered), out, chunks)
     return out
 
 
@@ -94,9 +96,16 @@ def norm_rows_backward(x, g, w, eps, centered, dx, dw, db):
 def _row_stats(xr, eps, centered):
     # IR-inlined into each kernel, which compiles it with its own fastmath
     # flags (reassoc: vector partial sums)
+    return _stats_from_sum(xr, _sum(xr) if centered else 0.0, eps, centered)
+
+
+@njit(inline="always")
+def _stats_from_sum(xr, total, eps, centered):
+    # (mean, 1 / std) of a row whose plain sum is ``total`` (ignored when
+    # not centered): the deviations pass corrects that first mean
     t = xr.dtype.type
     d = xr.size
-    c = t(_sum(xr) / d) if centered else t(0.0)
+    c = t(total / d) if centered else t(0.0)
     s1, s2 = _deviations(xr, c)
     if not centered:
         return c, t(1.0 / math.sqrt(s2 / d + eps))
@@ -158,14 +167,54 @@ def _deviations(v, c):
 
 
 @_twins(FASTMATH_REDUCE)
-def _rows_forward(x, w, b, eps, centered, out):
+def _rows_forward(x, w, b, eps, centered, out, chunks):
+    # chunks of consecutive rows: a row's first pass (its plain sum) runs
+    # inside the previous row's write pass, so that the next row's loads
+    # from memory overlap this row's stores (the output is written once
+    # per row, after two passes over the row in L1)
     rows, d = x.shape
-    for r in prange(rows):
-        xr = x[r]
-        o = out[r]
-        mean, rstd = _row_stats(xr, eps, centered)
-        for j in range(d):
-            o[j] = (xr[j] - mean) * rstd * w[j] + b[j]
+    for c in prange(chunks):
+        r0 = c * rows // chunks
+        r_end = (c + 1) * rows // chunks
+        total = _sum(x[r0]) if centered and r0 < r_end else 0.0
+        for r in range(r0, r_end):
+            xr = x[r]
+            mean, rstd = _stats_from_sum(xr, total, eps, centered)
+            if centered:
+                total = _write_and_sum(xr, mean, rstd, w, b, out[r],
+                                       x[r + 1] if r + 1 < r_end else xr)
+            else:
+                o = out[r]
+                for j in range(d):
+                    o[j] = (xr[j] - mean) * rstd * w[j] + b[j]
+
+
+@njit(inline="always")
+def _write_and_sum(xr, mean, rstd, w, b, o, nxt):
+    """``o = (xr - mean) * rstd * w + b`` and the sum of ``nxt`` (blocked as
+    :func:`_sum`) in one loop."""
+    n = xr.size
+    nb = n // SUM_BLOCK
+    total = 0.0
+    for k in range(nb):
+        lo = k * SUM_BLOCK
+        xb = xr[lo:lo + SUM_BLOCK]
+        ob = o[lo:lo + SUM_BLOCK]
+        wb = w[lo:lo + SUM_BLOCK]
+        bb = b[lo:lo + SUM_BLOCK]
+        nb_ = nxt[lo:lo + SUM_BLOCK]
+        s = xr.dtype.type(0.0)
+        for j in range(SUM_BLOCK):
+            ob[j] = (xb[j] - mean) * rstd * wb[j] + bb[j]
+            s += nb_[j]
+        total += s
+    lo = nb * SUM_BLOCK
+    xb, ob, wb, bb, nb_ = xr[lo:], o[lo:], w[lo:], b[lo:], nxt[lo:]
+    s = xr.dtype.type(0.0)
+    for j in range(n - lo):
+        ob[j] = (xb[j] - mean) * rstd * wb[j] + bb[j]
+        s += nb_[j]
+    return total + s
 
 
 @_twins(FASTMATH_REDUCE)
