@@ -352,10 +352,10 @@ _BACK_DOC = """
     those of the forward call. The backward recomputes the forward inside
     the kernel, so it needs no saved trace. ``out`` (optional, shape and
     dtype of inputs, C-contiguous, on their device, overlapping none of
-    the inputs) receives the input gradient: a training
-    loop that passes the same buffer every step saves the allocation (and
-    the page faults of a fresh one: about a third of the kernel's time at
-    T=100 x [64, 4096]).
+    the inputs) receives the input gradient: a training loop that passes
+    the same buffer every step saves the allocation (and the page faults
+    of a fresh one: about a third of the kernel's time at T=100 x
+    [64, 4096]).
     """
 
 
