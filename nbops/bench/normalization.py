@@ -229,7 +229,7 @@ def onnxruntime_call(name, args, out, threads=2):
     return run
 
 
-def compare(names=tuple(SHAPES), rounds=7, write=print):
+def compare(names=tuple(SHAPES), rounds=11, write=print):
     """Measure every named shape; returns ``{name: {side: seconds}}`` and
     writes a table with GB/s, the fraction of the copy's bandwidth and the
     speed relative to NumPy and onnxruntime."""

@@ -68,7 +68,7 @@ OPS = {
 }
 
 
-def compare(names=tuple(OPS), rounds=5, write=print):
+def compare(names=tuple(OPS), rounds=11, write=print):
     """Measure the named ops on :data:`SHAPE` (last axis); returns ``{name:
     {side: seconds}}`` and writes time, GB/s (read x + write y), fraction
     of the copy's rate and time relative to nbops."""
