@@ -131,13 +131,18 @@ def _max_rows_kernel(KW, SW, DW):
         cols = min(w, span - pw)
         items = planes * oh_n
         neg = x.dtype.type(-np.inf)
+        pairs = (span + 1) // 2
         for c in prange(nchunk):
-            row = np.empty(span, x.dtype)
+            # (one spare column, so that the stride-2 split below reads
+            # whole pairs)
+            row = np.empty(2 * pairs, x.dtype)
             for t in range(pw):
                 row[t] = neg
-            for t in range(pw + cols, span):
+            for t in range(pw + cols, 2 * pairs):
                 row[t] = neg
             mid = row[pw:pw + cols]
+            even = np.empty(pairs if SW == 2 else 0, x.dtype)
+            odd = np.empty(pairs if SW == 2 else 0, x.dtype)
             for item in range(c * items // nchunk, (c + 1) * items // nchunk):
                 p = item // oh_n
                 oh = item - p * oh_n
@@ -159,13 +164,32 @@ def _max_rows_kernel(KW, SW, DW):
                     for j in range(cols):
                         mid[j] = neg
                 dst = out[p, oh]
-                for o in range(ow_n):
-                    b = o * sw_
-                    m = row[b]
-                    for j in range(1, kw_):
-                        v = row[b + j * dw_]
+                if SW == 2 and DW == 1:
+                    # stride 2: the row split once into its even and odd
+                    # columns (whole pairs: wide loads and shuffles), then
+                    # each window is a unit-stride max of them, in the
+                    # order below; read straight from the row, the window's
+                    # first column was a stride-2 access that LLVM loaded
+                    # with gathers
+                    for u in range(pairs):
+                        even[u] = row[2 * u]
+                        odd[u] = row[2 * u + 1]
+                    for o in range(ow_n):
+                        m = even[o]
+                        v = odd[o]
                         m = v if (v > m) | (v != v) else m
-                    dst[o] = m
+                        if KW == 3:
+                            v = even[o + 1]
+                            m = v if (v > m) | (v != v) else m
+                        dst[o] = m
+                else:
+                    for o in range(ow_n):
+                        b = o * sw_
+                        m = row[b]
+                        for j in range(1, kw_):
+                            v = row[b + j * dw_]
+                            m = v if (v > m) | (v != v) else m
+                        dst[o] = m
 
     name = f"_max_pool_rows_k{KW}s{SW}d{DW}"
     kernel.__name__ = kernel.__qualname__ = name  # its own on-disk cache entry
