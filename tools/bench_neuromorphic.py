@@ -16,7 +16,6 @@ so that the machine's slow phases hit the copy and the kernels alike.
 
 import argparse
 import importlib
-import time
 
 import numpy as np
 

@@ -68,10 +68,9 @@ def _pick(twins, size):
 def norm_rows(x, w, b, eps, centered, out):
     """``out[r] = (x[r] - mean_r) * rstd_r * w + b`` for a (rows, d) ``x``;
     ``mean_r`` is 0 when not ``centered`` (RMS norm)."""
-    rows = x.shape[0]
-    if rows and x.shape[1]:
-        chunks = 1 if x.size < SERIAL_BELOW else max(1, min(rows, 4 * numba.get_num_threads()))
-        _pick(_rows_forward, x.size)(x, w, b, float(eps), bool(centered), out, chunks)
+    if x.shape[0] and x.shape[1]:
+        _pick(_rows_forward, x.size)(x, w, b, float(eps), bool(centered), out,
+                                     _row_chunks(x, 4))
     return out
 
 
@@ -83,13 +82,21 @@ def norm_rows_backward(x, g, w, eps, centered, dx, dw, db):
         dw[:] = 0
         db[:] = 0
         return dx
-    chunks = 1 if x.size < SERIAL_BELOW else max(1, min(rows, 2 * numba.get_num_threads()))
+    chunks = _row_chunks(x, 2)
     pw = np.zeros((chunks, d))
     pb = np.zeros((chunks, d))
     _pick(_rows_backward, x.size)(x, g, w, float(eps), bool(centered), dx, pw, pb)
     dw[:] = pw.sum(axis=0)
     db[:] = pb.sum(axis=0)
     return dx
+
+
+def _row_chunks(x, per_thread):
+    # contiguous runs of rows for the row kernels: one for the serial twin,
+    # else a few per thread
+    if x.size < SERIAL_BELOW:
+        return 1
+    return max(1, min(x.shape[0], per_thread * numba.get_num_threads()))
 
 
 @njit(inline="always")

@@ -223,7 +223,7 @@ class _Call:
         self.c = _lif.consts(self.dtype, reset, detach_reset, self.refractory)
         # rest is zeros, passed as an array: one kernel signature per model
         # (LIF without refractory period keeps no second state at all)
-        self.keep_b = model != "lif" or self.refractory > 0
+        self.keep_b = _lif.keeps_second_state(model, self.refractory)
         self.a0 = self._state0(a0, inputs)
         self.b0 = self._state0(b0, inputs) if self.keep_b else None
         self.x = _contiguous(inputs).reshape(self.shape[0], self.m)

@@ -421,7 +421,7 @@ def backward(model, surrogate, x, a0, b0, p, c, sp, gs, gtrace, ga_t, gb_t,
     n_t, m = x.shape
     if m == 0:
         return
-    keep_b = model != "lif" or c.refr > 0
+    keep_b = _lif.keeps_second_state(model, c.refr)
     key = (model, int(c.reset), bool(c.detach), keep_b)
     if key not in _BACKWARD:
         _BACKWARD[key] = _backward_kernel(*key)

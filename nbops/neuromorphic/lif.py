@@ -64,6 +64,13 @@ Consts = namedtuple("Consts", [
 ])
 
 
+def keeps_second_state(model, refractory):
+    """Whether ``model`` carries its second state ``b`` over time: the
+    synaptic current, the adaptation, or a LIF's refractory count (only
+    with a refractory period; without one a LIF has no second state)."""
+    return model != "lif" or refractory > 0
+
+
 def consts(dtype, reset="subtract", detach=True, refractory=0):
     """The :class:`Consts` for ``dtype`` and a reset mode."""
     t = np.dtype(dtype).type
@@ -214,7 +221,7 @@ def functions():
     """Every scalar function here by name, for the kernel modules to compile."""
     return {name: obj for name, obj in globals().items()
             if callable(obj) and getattr(obj, "__module__", None) == __name__
-            and name not in ("consts", "functions", "compiled_copies", "Consts",
+            and name not in ("consts", "functions", "compiled_copies", "keeps_second_state", "Consts",
                              "LIFParameters", "LIFState")
             and not isinstance(obj, type)}
 
