@@ -142,7 +142,7 @@ def asm_report(dtype):
     # a fresh, uncached dispatcher: Numba cannot show assembly loaded from its cache
     micro = numba.njit(nogil=True, fastmath=set(_jit.FASTMATH))(
         linalg.drivers(np.dtype(dtype))[2].py_func)
-    _jit._compile_with_slp(micro)
+    _jit._compile_with_settings(micro, slp=True)
     nt = numba.from_dtype(np.dtype(dtype))
     a2, a1 = types.Array(nt, 2, "C"), types.Array(nt, 1, "C")
     micro.compile((types.intp, a2, a2, a1, types.intp, types.intp, types.boolean, nt))
@@ -161,7 +161,7 @@ def asm_report(dtype):
         name, src = linalg._small_tile_source(mr, width)
         tile = numba.njit(nogil=True, fastmath=set(_jit.FASTMATH), error_model="numpy")(
             linalg.generated(src, name, linalg._unsigned_scope(max(mr, width))))
-        _jit._compile_with_slp(tile)
+        _jit._compile_with_settings(tile, slp=True)
         tile.compile((a1, ip, ip, ip, ip, a1, ip, ip, ip, a1, ip, ip, nt))
         loop = max(re.split(r"\n\.LBB", tile.inspect_asm(tile.signatures[0])),
                    key=lambda block: block.count("vfmadd"))
