@@ -554,7 +554,12 @@ def _check_devices(name, args, kwargs):
 
 
 class _OpSignature:
-    __slots__ = ("params",)
+    """An operator front's signature, with what the fast binder needs when
+    every parameter is positional-or-keyword or keyword-only (the built-in
+    operators): names in order, defaults, and how many may come by
+    position."""
+
+    __slots__ = ("params", "names", "defaults", "index", "npos", "fast")
 
     def __init__(self, op):
         sig = inspect.signature(op.front)
@@ -567,6 +572,14 @@ class _OpSignature:
             except (TypeError, ValueError, NotImplementedError):
                 pass
         self.params = sig
+        ps = list(sig.parameters.values())
+        P = inspect.Parameter
+        self.names = tuple(p.name for p in ps)
+        self.defaults = tuple(p.default for p in ps)
+        self.index = {name: i for i, name in enumerate(self.names)}
+        self.npos = sum(p.kind is P.POSITIONAL_OR_KEYWORD for p in ps)
+        self.fast = all(p.kind is P.POSITIONAL_OR_KEYWORD for p in ps[:self.npos]) and \
+            all(p.kind is P.KEYWORD_ONLY for p in ps[self.npos:])
 
 
 def apply_operator(op, args, kwargs):
@@ -584,7 +597,7 @@ def apply_operator(op, args, kwargs):
     out = op.front(*raw_args, **raw_kwargs)
     if not record:
         return _wrap_outputs(out, None)
-    inputs, named, tensors = _bind(op, info.params, args, kwargs)
+    inputs, named, tensors = _bind(op, info, args, kwargs)
     needs = [False] * len(inputs)
     for p, t in tensors:
         needs[p if isinstance(p, int) else p[0]] |= t.requires_grad
@@ -599,7 +612,37 @@ def apply_operator(op, args, kwargs):
     return wrapped
 
 
-def _bind(op, sig, args, kwargs):
+def _bind(op, info, args, kwargs):
+    """``(inputs, named, tensors)``: the call's arguments in signature
+    order, defaults filled in, tensors unwrapped; the same by name; and
+    ``(position, tensor)`` of every tensor among them (see _tensors_in).
+
+    Simple signatures bind here directly: ``inspect.Signature.bind`` and
+    the walk over its result took 12 us of the 40 us that recording a
+    small ``linear`` cost."""
+    if info.fast and len(args) <= info.npos:
+        values = list(args) + list(info.defaults[len(args):])
+        for k, v in kwargs.items():
+            i = info.index.get(k)
+            if i is None or i < len(args):
+                break       # unknown or given twice: the front accepted it, bind below
+            values[i] = v
+        else:
+            if not any(v is inspect.Parameter.empty for v in values):
+                inputs, tensors = [], []
+                for i, v in enumerate(values):
+                    if _is_tensor(v):
+                        tensors.append((i, v))
+                        v = v.data
+                    elif type(v) in (list, tuple):
+                        tensors.extend(_tensors_in(i, v))
+                        v = _unwrap(v)
+                    inputs.append(v)
+                return inputs, dict(zip(info.names, inputs)), tensors
+    return _bind_signature(op, info.params, args, kwargs)
+
+
+def _bind_signature(op, sig, args, kwargs):
     try:
         bound = sig.bind(*args, **kwargs)
     except TypeError:
