@@ -211,6 +211,24 @@ def test_max_pool_nan_and_inf():
     np.testing.assert_array_equal(nbops.max_pool2d(x, 2), y)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_max_pool_stride_two_rows_of_every_width(dtype):
+    # the stride-2 horizontal pass runs in vector blocks of 16 (float32) or
+    # 8 (float64) outputs with a masked last block: widths on both sides of
+    # one, two and four blocks, NaN and infinities at random
+    rng = np.random.default_rng(3)
+    for w in (3, 4, 17, 30, 31, 32, 33, 34, 47, 63, 64, 65, 66, 80):
+        x = rng.standard_normal((1, 2, 5, w)).astype(dtype)
+        special = rng.integers(0, x.size, 6)
+        x.reshape(-1)[special] = np.array([np.nan, np.inf, -np.inf, np.nan, 0.0, np.nan], dtype)
+        for k, p in ((3, 1), (2, 0), (3, 0)):
+            if w + 2 * p < k:
+                continue
+            ref, _ = ref_max_pool2d(x, k, 2, p, 1, False)
+            y = nbops.max_pool2d(x, k, 2, p)
+            np.testing.assert_array_equal(y, ref)
+
+
 def test_one_dimensional_pools_are_height_one_2d_pools():
     x = _rand((2, 3, 11))
     x4 = x[:, :, None, :]
