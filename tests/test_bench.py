@@ -189,6 +189,10 @@ def test_measure_copy_and_parallel_copy():
     out = np.zeros_like(x)
     harness.parallel_copy(x, out)
     np.testing.assert_array_equal(out, x)
+    x4 = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    out4 = np.zeros_like(x4)
+    harness.parallel_copy(x4, out4)  # seen flat (it used to index a 4-D pair as 1-D)
+    np.testing.assert_array_equal(out4, x4)
     assert harness.measure_copy(1000, np.float64, rounds=1, pause=0.0) > 0
 
 

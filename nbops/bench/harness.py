@@ -256,10 +256,13 @@ def size_label(n):
 
 @cpu_kernel(parallel=True)
 def parallel_copy(x, out):
-    """``out[:] = x`` for 1-D arrays, over all threads: the bandwidth that a
-    memory-bound kernel can hope for."""
-    for i in prange(x.size):
-        out[i] = x[i]
+    """``out[...] = x`` for C-contiguous arrays of one size, seen flat, over
+    all threads: the bandwidth that a memory-bound kernel can hope for.
+    (It indexed its arguments as 1-D: a 4-D pair crashed the process.)"""
+    src = x.reshape(x.size)
+    dst = out.reshape(out.size)
+    for i in prange(src.size):
+        dst[i] = src[i]
 
 
 def _sync_for(device):
