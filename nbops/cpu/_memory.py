@@ -23,7 +23,8 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic, register_jitable
 
-__all__ = ["prefetch", "stream_affine", "stream_rows", "streams", "LINE", "STREAM_BYTES"]
+__all__ = ["prefetch", "stream_affine", "stream_rows", "streams", "LINE", "STREAM_BYTES",
+           "splat", "lane_mask", "masked_op"]
 
 #: Bytes of one cache line: the unit of :func:`stream_affine`.
 LINE = 64
@@ -106,6 +107,32 @@ def stream_affine(typingctx, dst, i, src, k, a, b):
         return context.get_dummy_value()
 
     return types.void(dst, i, src, k, a, b), codegen
+
+
+def lane_mask(builder, lanes, count):
+    """The ``<lanes x i1>`` mask of the lanes below ``count`` (an i64, 1 to
+    ``lanes``), for the ``@intrinsic`` code generators' masked last blocks:
+    all ones shifted right, as a bit vector (one k-register move; comparing
+    a lane index vector took 8 zmm compares)."""
+    it = ir.IntType(lanes)
+    bits = builder.lshr(ir.Constant(it, (1 << lanes) - 1),
+                        builder.trunc(builder.sub(ir.Constant(ir.IntType(64), lanes), count), it))
+    return builder.bitcast(bits, ir.VectorType(ir.IntType(1), lanes))
+
+
+def masked_op(builder, kind, vt):
+    """The declaration of ``llvm.masked.load`` or ``llvm.masked.store``
+    (``kind``) for the LLVM vector type ``vt``; called as ``load(ptr, align,
+    mask, passthru)`` and ``store(value, ptr, align, mask)``. Masked-off
+    lanes are neither read nor written."""
+    names = {"float": "f32", "double": "f64"}
+    el = str(vt.element)
+    tn = f"v{vt.count}{names.get(el, el)}"
+    i32, mt = ir.IntType(32), ir.VectorType(ir.IntType(1), vt.count)
+    fty = (ir.FunctionType(vt, [vt.as_pointer(), i32, mt, vt]) if kind == "load" else
+           ir.FunctionType(ir.VoidType(), [vt, vt.as_pointer(), i32, mt]))
+    return cgutils.get_or_insert_function(builder.module, fty,
+                                          f"llvm.masked.{kind}.{tn}.p0{tn}")
 
 
 def splat(builder, vt, value):

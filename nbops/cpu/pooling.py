@@ -34,7 +34,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, register_jitable
 
 from .._jit import FASTMATH_REDUCE, cpu_kernel
-from ._memory import splat
+from ._memory import lane_mask, masked_op, splat
 
 __all__ = ["max_pool2d", "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward",
            "adaptive_avg_pool2d", "adaptive_avg_pool2d_backward"]
@@ -236,14 +236,6 @@ def _stride2_windows(kw, average):
         if average:
             wp = context.make_array(signature.args[3])(context, builder, args[3]).data
             hdiv = splat(builder, vt, args[4])
-        mt = ir.VectorType(ir.IntType(1), lanes)
-        tn = f"v{lanes}f{8 * size}"
-
-        def masked(kind):
-            fty = (ir.FunctionType(vt, [vt.as_pointer(), i32, mt, vt]) if kind == "load" else
-                   ir.FunctionType(ir.VoidType(), [vt, vt.as_pointer(), i32, mt]))
-            return cgutils.get_or_insert_function(builder.module, fty,
-                                                  f"llvm.masked.{kind}.{tn}.p0{tn}")
 
         evens = ir.Constant(ir.VectorType(i32, lanes), [2 * i for i in range(lanes)])
         odds = ir.Constant(ir.VectorType(i32, lanes), [2 * i + 1 for i in range(lanes)])
@@ -265,8 +257,8 @@ def _stride2_windows(kw, average):
             p = builder.bitcast(builder.gep(ptr, [o]), vt.as_pointer())
             if mask is None:
                 return builder.load(p, align=size)
-            return builder.call(masked("load"), [p, ir.Constant(i32, size), mask,
-                                                 ir.Constant(vt, None)])
+            return builder.call(masked_op(builder, "load", vt),
+                                [p, ir.Constant(i32, size), mask, ir.Constant(vt, None)])
 
         def block(o, mask):
             at = builder.mul(o, ir.Constant(i64, 2))
@@ -281,18 +273,15 @@ def _stride2_windows(kw, average):
             if mask is None:
                 builder.store(m, ptr, align=size)
             else:
-                builder.call(masked("store"), [m, ptr, ir.Constant(i32, size), mask])
+                builder.call(masked_op(builder, "store", vt),
+                             [m, ptr, ir.Constant(i32, size), mask])
 
         full = builder.udiv(n, ir.Constant(i64, lanes))
         with cgutils.for_range(builder, full) as loop:
             block(builder.mul(loop.index, ir.Constant(i64, lanes)), None)
         rest = builder.urem(n, ir.Constant(i64, lanes))
         with builder.if_then(builder.icmp_unsigned("!=", rest, ir.Constant(i64, 0))):
-            # lanes < rest: all ones shifted right, as a bit vector
-            it = ir.IntType(lanes)
-            bits = builder.lshr(ir.Constant(it, (1 << lanes) - 1),
-                                builder.trunc(builder.sub(ir.Constant(i64, lanes), rest), it))
-            block(builder.mul(full, ir.Constant(i64, lanes)), builder.bitcast(bits, mt))
+            block(builder.mul(full, ir.Constant(i64, lanes)), lane_mask(builder, lanes, rest))
         return context.get_dummy_value()
 
     if average:

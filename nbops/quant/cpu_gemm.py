@@ -78,7 +78,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, register_jitable
 
 from .._jit import cpu_kernel
-from ..cpu._memory import splat
+from ..cpu._memory import lane_mask, masked_op, splat
 from . import _requant
 
 __all__ = ["gemm_op", "conv2d_op", "pack_a", "pack_b"]
@@ -349,30 +349,13 @@ def _make_copy_run(step):
 
         def codegen(context, builder, signature, args):
             x, soff_, n_, d, doff_ = args
-            i1, i8, i32, i64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+            i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
             sp = context.make_array(signature.args[0])(context, builder, x).data
             dp = context.make_array(signature.args[3])(context, builder, d).data
 
-            def live(lanes, count):
-                # the mask of lanes < count (1 <= count <= lanes): all ones
-                # shifted right, as a bit vector (one k-register move;
-                # comparing a lane index vector took 8 zmm compares)
-                it = ir.IntType(lanes)
-                bits = builder.lshr(ir.Constant(it, (1 << lanes) - 1),
-                                    builder.trunc(builder.sub(ir.Constant(i64, lanes), count),
-                                                  it))
-                return builder.bitcast(bits, ir.VectorType(i1, lanes))
-
             def masked(kind, lanes):
                 vt = ir.VectorType(i8, lanes)
-                mt = ir.VectorType(i1, lanes)
-                pt = vt.as_pointer()
-                name = f"llvm.masked.{kind}.v{lanes}i8.p0v{lanes}i8"
-                if kind == "load":
-                    fty = ir.FunctionType(vt, [pt, i32, mt, vt])
-                else:
-                    fty = ir.FunctionType(ir.VoidType(), [vt, pt, i32, mt])
-                return cgutils.get_or_insert_function(builder.module, fty, name), vt
+                return masked_op(builder, kind, vt), vt
 
             wide = step * NR
             load, wt = masked("load", wide)
@@ -380,14 +363,14 @@ def _make_copy_run(step):
             span = builder.sub(builder.mul(n_, ir.Constant(i64, step)),
                                ir.Constant(i64, step - 1))
             sptr = builder.bitcast(builder.gep(sp, [soff_]), wt.as_pointer())
-            v = builder.call(load, [sptr, ir.Constant(i32, 1), live(wide, span),
+            v = builder.call(load, [sptr, ir.Constant(i32, 1), lane_mask(builder, wide, span),
                                     ir.Constant(wt, None)])
             if step > 1:
                 v = builder.shuffle_vector(v, ir.Constant(wt, ir.Undefined), ir.Constant(
                     ir.VectorType(i32, NR), [step * j for j in range(NR)]))
             store, rt = masked("store", NR)
             dptr = builder.bitcast(builder.gep(dp, [doff_]), rt.as_pointer())
-            builder.call(store, [v, dptr, ir.Constant(i32, 1), live(NR, n_)])
+            builder.call(store, [v, dptr, ir.Constant(i32, 1), lane_mask(builder, NR, n_)])
             return context.get_dummy_value()
 
         return sig, codegen
