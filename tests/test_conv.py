@@ -174,6 +174,28 @@ def test_conv1d(device):
         check(got, ref_conv1d(x, w, b, s, p, d, g), k=w[0].size)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_depthwise_unit_stride_kernel(dtype):
+    # stride 1 runs on a zero-padded scratch plane (3x3 in one pass, other
+    # windows tap by tap): window sizes, dilation, no or one-sided padding, a
+    # channel multiplier, batch 2 and the fused relu against the reference
+    rng = np.random.default_rng(5)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
+    for (n, c, h, w, mult, kh, kw, p, d) in [(2, 3, 9, 13, 1, 3, 3, (1, 1), 1),
+                                             (1, 2, 7, 6, 2, 5, 5, (2, 2), 1),
+                                             (1, 4, 8, 9, 1, 3, 3, (0, 2), 2),
+                                             (1, 2, 5, 20, 1, 3, 1, (1, 0), 1),
+                                             (1, 3, 6, 6, 1, 3, 3, (0, 0), 1)]:
+        x = rng.standard_normal((n, c, h, w)).astype(dtype)
+        wt = rng.standard_normal((c * mult, 1, kh, kw)).astype(dtype)
+        b = rng.standard_normal(c * mult).astype(dtype)
+        want = ref_conv2d(x, wt, b, padding=p, dilation=(d, d), groups=c)
+        np.testing.assert_allclose(nbops.conv2d(x, wt, b, padding=p, dilation=d, groups=c),
+                                   want, **tol)
+        np.testing.assert_allclose(nbops.conv_relu(x, wt, b, padding=p, dilation=d, groups=c),
+                                   np.maximum(want, 0), **tol)
+
+
 def test_out_and_strided_input():
     x, wt, b, kw = _case(CASES[1])
     want = _ref(x, wt, b, kw)
