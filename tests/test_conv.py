@@ -175,25 +175,29 @@ def test_conv1d(device):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_depthwise_unit_stride_kernel(dtype):
-    # stride 1 runs on a zero-padded scratch plane (3x3 in one pass, other
-    # windows tap by tap): window sizes, dilation, no or one-sided padding, a
-    # channel multiplier, batch 2 and the fused relu against the reference
+def test_depthwise_padded_plane_kernel(dtype):
+    # strides 1 and 2 run on a zero-padded scratch plane (3x3 in one pass,
+    # other windows tap by tap): window sizes, strides, dilation, no or
+    # one-sided padding, a channel multiplier, batch 2 and the fused relu
+    # against the reference
     rng = np.random.default_rng(5)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
-    for (n, c, h, w, mult, kh, kw, p, d) in [(2, 3, 9, 13, 1, 3, 3, (1, 1), 1),
-                                             (1, 2, 7, 6, 2, 5, 5, (2, 2), 1),
-                                             (1, 4, 8, 9, 1, 3, 3, (0, 2), 2),
-                                             (1, 2, 5, 20, 1, 3, 1, (1, 0), 1),
-                                             (1, 3, 6, 6, 1, 3, 3, (0, 0), 1)]:
+    for (n, c, h, w, mult, kh, kw, s, p, d) in [(2, 3, 9, 13, 1, 3, 3, 1, (1, 1), 1),
+                                                (1, 2, 7, 6, 2, 5, 5, 1, (2, 2), 1),
+                                                (1, 4, 8, 9, 1, 3, 3, 1, (0, 2), 2),
+                                                (1, 2, 5, 20, 1, 3, 1, 1, (1, 0), 1),
+                                                (1, 3, 6, 6, 1, 3, 3, 1, (0, 0), 1),
+                                                (2, 3, 11, 14, 1, 3, 3, 2, (1, 1), 1),
+                                                (1, 2, 9, 8, 2, 5, 3, (2, 1), (2, 1), 1),
+                                                (1, 3, 10, 9, 1, 3, 3, (1, 2), (0, 1), 2)]:
         x = rng.standard_normal((n, c, h, w)).astype(dtype)
         wt = rng.standard_normal((c * mult, 1, kh, kw)).astype(dtype)
         b = rng.standard_normal(c * mult).astype(dtype)
-        want = ref_conv2d(x, wt, b, padding=p, dilation=(d, d), groups=c)
-        np.testing.assert_allclose(nbops.conv2d(x, wt, b, padding=p, dilation=d, groups=c),
-                                   want, **tol)
-        np.testing.assert_allclose(nbops.conv_relu(x, wt, b, padding=p, dilation=d, groups=c),
-                                   np.maximum(want, 0), **tol)
+        st = (s, s) if isinstance(s, int) else s
+        want = ref_conv2d(x, wt, b, stride=st, padding=p, dilation=(d, d), groups=c)
+        kw_ = dict(stride=s, padding=p, dilation=d, groups=c)
+        np.testing.assert_allclose(nbops.conv2d(x, wt, b, **kw_), want, **tol)
+        np.testing.assert_allclose(nbops.conv_relu(x, wt, b, **kw_), np.maximum(want, 0), **tol)
 
 
 def test_out_and_strided_input():

@@ -22,12 +22,13 @@ norm folded in) and ``act`` is 0 (none) or 1 (relu). Three algorithms:
   output inside Numba's threads), then the epilogue; an autotuner
   candidate that wins on some shapes.
 * ``depthwise`` (one input channel per group: depthwise, with or without a
-  channel multiplier): direct kernels. At stride 1 each input plane is
-  copied into a zero-padded scratch plane, so that every output row and its
-  padding columns are one long unit-stride loop over that plane
-  (``_depthwise_unit_stride``; a 3x3 window is one pass of nine FMAs per
-  element); other strides ``prange`` over output planes and add each tap's
-  ``w * x[row]`` to a row held in L1 (``_depthwise``).
+  channel multiplier): direct kernels. At strides 1 and 2 each input plane
+  is copied into a zero-padded scratch plane and the stride-1 result is
+  computed over all of it, every tap one long unit-stride loop
+  (``_depthwise_padded``; a 3x3 window is one pass of nine FMAs per
+  element), then the strided outputs are picked from it; larger strides
+  ``prange`` over output planes and add each tap's ``w * x[row]`` to a row
+  held in L1 (``_depthwise``).
 
 The input ``x`` is C-contiguous NCHW seen flat; ``geo`` is the tuple
 ``(C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO)``; the batch
@@ -68,9 +69,9 @@ def conv2d(x, w, wscale, bias, out, geo, act, algo="igemm", NC=256, KC=256):
         return out
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
     xf, wf, of = x.reshape(-1), w.reshape(-1), out.reshape(-1)
-    if C // G == 1 and sh == 1 and sw == 1:
+    if C // G == 1 and sh <= 2 and sw <= 2:
         planes = of.size // (OH * OW)
-        _depthwise_unit_stride(xf, wf, wscale, bias, of, geo, act,
+        _depthwise_padded(xf, wf, wscale, bias, of, geo, act,
                                max(1, min(planes, 4 * get_num_threads())))
     elif C // G == 1:
         _depthwise(xf, wf, wscale, bias, of, geo, act)
@@ -340,21 +341,26 @@ def _bind(template, scope, name):
 
 
 @cpu_kernel(parallel=True)
-def _depthwise_unit_stride(xf, wf, wscale, bias, of, geo, act, nchunk):
+def _depthwise_padded(xf, wf, wscale, bias, of, geo, act, nchunk):
     # Each plane goes into a zero-padded scratch plane of row pitch Wp, and
-    # the output is computed at that pitch (OH rows of Wp, the padding
-    # columns computed and dropped): every tap is one unit-stride loop over
-    # OH * Wp elements. Row by row the loops were OW long (56 in MobileNet),
-    # and LLVM leaves loops under 64 iterations scalar: 2.1-3.1x slower. The
-    # taps add in the order of _depthwise (kh, then kw), so the results are
-    # the same but where a window's padding meets an infinite or NaN weight
-    # (w * 0 is added here, skipped there: NaN, as in PyTorch).
+    # the stride-1 result is computed at that pitch over the rows the
+    # strided output needs (padding columns and, at stride 2, the skipped
+    # rows and columns computed and dropped): every tap is one unit-stride
+    # loop over the whole span. Row by row the loops were OW long (28-112
+    # in MobileNet), and LLVM leaves loops under 64 iterations scalar: 2.1-
+    # 3.1x slower at stride 1, 2.7x at stride 2 despite 4x the arithmetic.
+    # The taps add in the order of _depthwise (kh, then kw): float32 results
+    # came out bit-identical to it on every shape tried, float64 ones differ
+    # in the last bits where the two kernels' loops round their multiply-adds
+    # differently (4.8e-15 relative, more where taps cancel); and where a
+    # window's padding meets an infinite or NaN weight, w * 0 is added here
+    # and skipped there (NaN, as in PyTorch).
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
     n_img = xf.size // (C * H * W)
     mult = CO // C
     zero = of.dtype.type(0)
     Wp = W + 2 * pw
-    span = OH * Wp
+    span = ((OH - 1) * sh + 1) * Wp
     planes = n_img * CO
     for c in prange(nchunk):
         # (KW - 1) * dw spare zeros: the last row's dropped columns read past
@@ -385,16 +391,17 @@ def _depthwise_unit_stride(xf, wf, wscale, bias, of, geo, act, nchunk):
                         for q in range(U(span)):
                             acc[q] += wv * pad[off + q]
             ob = t * OH * OW
+            usw = U(sw)
             for oh in range(OH):
-                a0 = U(oh * Wp)
+                a0 = U(oh * sh * Wp)
                 o0 = U(ob + oh * OW)
                 if act == 1:
                     for ow in range(U(OW)):
-                        v = acc[a0 + ow]
+                        v = acc[a0 + ow * usw]
                         of[o0 + ow] = v if not v < zero else zero
                 else:
                     for ow in range(U(OW)):
-                        of[o0 + ow] = acc[a0 + ow]
+                        of[o0 + ow] = acc[a0 + ow * usw]
 
 
 @register_jitable(inline="always")
