@@ -160,3 +160,36 @@ def axis(op, name, value, ndim):
         raise ValueError(f"{op}: argument '{name}' is {value}, out of range for "
                          f"an array of {ndim} dimension(s)")
     return int(value) % ndim
+
+
+class CheckedCache:
+    """Results of an operator's parameter checks, remembered per call
+    pattern: ``get(key, check)`` returns the result stored under ``key`` or
+    runs ``check()`` and stores it (errors are raised each time, never
+    stored). Keys come from :func:`typed_key`; an unhashable key (a list
+    among the arguments) checks every time. Bounded: cleared when full."""
+
+    def __init__(self, size=256):
+        self.size = size
+        self.results = {}
+
+    def get(self, key, check):
+        try:
+            hit = self.results.get(key)
+        except TypeError:
+            return check()
+        if hit is None:
+            hit = check()
+            if len(self.results) >= self.size:
+                self.results.clear()
+            self.results[key] = hit
+        return hit
+
+
+def typed_key(*values):
+    """A key of call arguments that tells apart values equal across types
+    (``True`` and ``1``, ``1`` and ``1.0``): each value with its type,
+    tuples element by element."""
+    return tuple(tuple((type(e), e) for e in v) if type(v) is tuple else (type(v), v)
+                 for v in values)
+

@@ -294,7 +294,20 @@ def _pair(op, name, v, spatial, low):
 
 
 def _geometry(op, spatial, x, weight, stride, padding, dilation, groups):
-    """Validated ``(geo, out_shape)``; ``geo`` as in :mod:`nbops.cpu.conv`."""
+    """Validated ``(geo, out_shape)``; ``geo`` as in :mod:`nbops.cpu.conv`.
+    Remembered per call pattern (shapes, and parameters with their types):
+    the checks took 15 us a call, a tenth of a depthwise convolution on a
+    144 x 56 x 56 map."""
+    return _GEOMETRIES.get(
+        (op, spatial, tuple(x.shape), tuple(weight.shape))
+        + _checks.typed_key(stride, padding, dilation, groups),
+        lambda: _check_geometry(op, spatial, x, weight, stride, padding, dilation, groups))
+
+
+_GEOMETRIES = _checks.CheckedCache()
+
+
+def _check_geometry(op, spatial, x, weight, stride, padding, dilation, groups):
     rank = spatial + 2
     layout = "(N, C, H, W)" if spatial == 2 else "(N, C, L)"
     wlayout = "(out_channels, in_channels/groups, kH, kW)" if spatial == 2 else \

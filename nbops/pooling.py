@@ -362,25 +362,12 @@ def _geometry(op, nd, hw, kernel_size, stride, padding, dilation, ceil_mode):
     Remembered per call pattern (types included, so that ``True`` is not
     taken for ``1``): the checks cost 20 us a call, a third of a pool over
     a 56 x 56 x 64 feature map."""
-    try:
-        key = (op, nd, hw) + tuple(_typed(v) for v in (kernel_size, stride, padding,
-                                                        dilation, ceil_mode))
-        g = _GEOMETRIES.get(key)
-    except TypeError:  # unhashable (a list): check every time
-        return _check_geometry(op, nd, hw, kernel_size, stride, padding, dilation, ceil_mode)
-    if g is None:
-        g = _check_geometry(op, nd, hw, kernel_size, stride, padding, dilation, ceil_mode)
-        if len(_GEOMETRIES) >= 256:
-            _GEOMETRIES.clear()
-        _GEOMETRIES[key] = g
-    return g
+    return _GEOMETRIES.get(
+        (op, nd, hw) + _checks.typed_key(kernel_size, stride, padding, dilation, ceil_mode),
+        lambda: _check_geometry(op, nd, hw, kernel_size, stride, padding, dilation, ceil_mode))
 
 
-_GEOMETRIES = {}
-
-
-def _typed(v):
-    return tuple((type(e), e) for e in v) if type(v) is tuple else (type(v), v)
+_GEOMETRIES = _checks.CheckedCache()
 
 
 def _check_geometry(op, nd, hw, kernel_size, stride, padding, dilation, ceil_mode):

@@ -168,3 +168,29 @@ def test_kernel_modules_are_not_imported_by_public_modules():
     src = importlib.util.find_spec(public.__name__).origin
     text = open(src).read()
     assert "from .cpu" not in text and "from .cuda" not in text
+
+
+def test_checked_cache_keys_tell_types_apart_and_never_store_errors():
+    from nbops import _checks
+
+    cache = _checks.CheckedCache(size=2)
+    calls = []
+
+    def check(v):
+        calls.append(v)
+        if isinstance(v, bool):
+            raise TypeError("bool")
+        return v * 2
+
+    assert cache.get(_checks.typed_key(1), lambda: check(1)) == 2
+    assert cache.get(_checks.typed_key(1), lambda: check(1)) == 2   # remembered
+    with pytest.raises(TypeError):                                  # True is not 1
+        cache.get(_checks.typed_key(True), lambda: check(True))
+    with pytest.raises(TypeError):                                  # and is not stored
+        cache.get(_checks.typed_key(True), lambda: check(True))
+    assert cache.get(_checks.typed_key((1, 2)), lambda: check(3)) == 6
+    assert cache.get(_checks.typed_key((1, True)), lambda: check(4)) == 8
+    assert cache.get(_checks.typed_key([1]), lambda: check(5)) == 10  # unhashable: each time
+    assert cache.get(_checks.typed_key([1]), lambda: check(5)) == 10
+    assert calls == [1, True, True, 3, 4, 5, 5]
+    assert len(cache.results) <= 2
