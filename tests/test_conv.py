@@ -189,12 +189,18 @@ def test_depthwise_padded_plane_kernel(dtype):
                                                 (1, 3, 6, 6, 1, 3, 3, 1, (0, 0), 1),
                                                 (2, 3, 11, 14, 1, 3, 3, 2, (1, 1), 1),
                                                 (1, 2, 9, 8, 2, 5, 3, (2, 1), (2, 1), 1),
-                                                (1, 3, 10, 9, 1, 3, 3, (1, 2), (0, 1), 2)]:
+                                                (1, 3, 10, 9, 1, 3, 3, (1, 2), (0, 1), 2),
+                                                # "same" with even windows pads one more
+                                                # at the bottom and right
+                                                (1, 3, 6, 7, 1, 2, 4, 1, "same", 1),
+                                                (1, 2, 7, 6, 2, 4, 2, 1, "same", (1, 2))]:
         x = rng.standard_normal((n, c, h, w)).astype(dtype)
         wt = rng.standard_normal((c * mult, 1, kh, kw)).astype(dtype)
         b = rng.standard_normal(c * mult).astype(dtype)
         st = (s, s) if isinstance(s, int) else s
-        want = ref_conv2d(x, wt, b, stride=st, padding=p, dilation=(d, d), groups=c)
+        dd = (d, d) if isinstance(d, int) else d
+        pp = (p, p) if isinstance(p, str) else p
+        want = ref_conv2d(x, wt, b, stride=st, padding=pp, dilation=dd, groups=c)
         kw_ = dict(stride=s, padding=p, dilation=d, groups=c)
         np.testing.assert_allclose(nbops.conv2d(x, wt, b, **kw_), want, **tol)
         np.testing.assert_allclose(nbops.conv_relu(x, wt, b, **kw_), np.maximum(want, 0), **tol)

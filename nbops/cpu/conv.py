@@ -359,13 +359,17 @@ def _depthwise_padded(xf, wf, wscale, bias, of, geo, act, nchunk):
     n_img = xf.size // (C * H * W)
     mult = CO // C
     zero = of.dtype.type(0)
-    Wp = W + 2 * pw
+    # the padded plane holds every position a window reads: "same" padding
+    # of an even window pads one more at the bottom and right than at the
+    # top and left
+    Wp = max(W + 2 * pw, (OW - 1) * sw + (KW - 1) * dw + 1)
+    Hp = max(H + 2 * ph, (OH - 1) * sh + (KH - 1) * dh + 1)
     span = ((OH - 1) * sh + 1) * Wp
     planes = n_img * CO
     for c in prange(nchunk):
         # (KW - 1) * dw spare zeros: the last row's dropped columns read past
         # the padded plane
-        pad = np.zeros((H + 2 * ph) * Wp + (KW - 1) * dw, of.dtype)
+        pad = np.zeros(Hp * Wp + (KW - 1) * dw, of.dtype)
         acc = np.empty(span, of.dtype)
         for t in range(c * planes // nchunk, (c + 1) * planes // nchunk):
             n = t // CO
