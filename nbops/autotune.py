@@ -251,6 +251,16 @@ class Autotuner:
         return (isinstance(entry, dict) and entry.get("config") in self.configs
                 and isinstance(entry.get("times"), list))
 
+    def _other_candidates(self, entry):
+        """Whether a stored entry timed another list of configs than this
+        tuner's (a candidate added or removed since it was tuned): its
+        choice is then made again rather than trusted."""
+        try:
+            timed = [config for config, _ in entry["times"]]
+        except (TypeError, ValueError):
+            return False
+        return len(timed) != len(self.configs) or any(c not in timed for c in self.configs)
+
     def lookup(self, key, device):
         """The stored entry for ``key`` on ``device`` (memory, then disk), or None."""
         entry = self._memory.get((device, key))
@@ -261,6 +271,8 @@ class Autotuner:
         entry = self._loaded[device].get(key)
         if entry is None:
             return None
+        if self._valid(entry) and self._other_candidates(entry):
+            return None     # tuned before the candidates changed: tune again
         if not self._valid(entry):
             warnings.warn(f"nbops.autotune: ignoring malformed cache entry {key!r} in "
                           f"{cache_path(device)}", AutotuneCacheWarning, stacklevel=3)

@@ -53,6 +53,7 @@ CONV_CONFIGS = [
     {"algo": "igemm", "NC": 256, "KC": 512},
     {"algo": "igemm", "NC": 1024, "KC": 128},
     {"algo": "blas", "NC": 0, "KC": 0},
+    {"algo": "direct", "NC": 0, "KC": 0},   # stride 1 (else the default blocks' igemm)
 ]
 
 

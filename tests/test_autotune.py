@@ -57,6 +57,25 @@ def test_tunes_once_then_reuses_memory_and_disk():
     assert len(calls2) > 3
 
 
+def test_changed_candidates_are_tuned_again():
+    # an entry stored by a tuner with other configs (one added since) is not
+    # trusted: its choice could never be the new candidate
+    calls = []
+    make_tuner(calls)(np.ones(3, np.float32), n=5)
+    global CONFIGS
+    saved = CONFIGS
+    CONFIGS = saved + [{"delay": 0.01}]
+    try:
+        calls2 = []
+        make_tuner(calls2)(np.ones(3, np.float32), n=5)
+        assert set(calls2) == {0.04, 0.0, 0.02, 0.01}   # tuned again, the new one too
+        calls3 = []
+        make_tuner(calls3)(np.ones(3, np.float32), n=5)
+        assert calls3 == [0.0]                          # and stored again
+    finally:
+        CONFIGS = saved
+
+
 def test_tuning_rounds_interleave_configs(monkeypatch):
     # each round times every config once, in alternating order, after one
     # warm-up run each: a burst of load then hits all configs alike

@@ -23,8 +23,9 @@ def no_tuning(monkeypatch):
     monkeypatch.setenv("NBOPS_AUTOTUNE", "0")
 
 
-@pytest.fixture(params=[{"algo": "igemm", "NC": 32, "KC": 8}, {"algo": "blas", "NC": 0, "KC": 0}],
-                ids=["igemm-small", "blas"])
+@pytest.fixture(params=[{"algo": "igemm", "NC": 32, "KC": 8}, {"algo": "blas", "NC": 0, "KC": 0},
+                        {"algo": "direct", "NC": 0, "KC": 0}],
+                ids=["igemm-small", "blas", "direct"])
 def cpu_algo(request, monkeypatch):
     monkeypatch.setattr(conv_mod._cpu_conv, "default", dict(request.param))
     return request.param
@@ -204,6 +205,28 @@ def test_depthwise_padded_plane_kernel(dtype):
         kw_ = dict(stride=s, padding=p, dilation=d, groups=c)
         np.testing.assert_allclose(nbops.conv2d(x, wt, b, **kw_), want, **tol)
         np.testing.assert_allclose(nbops.conv_relu(x, wt, b, **kw_), np.maximum(want, 0), **tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_direct_algorithm_fused_and_batched(monkeypatch, dtype):
+    # the direct convolution with folded batch norm (per-channel weight
+    # scale), relu, groups with fewer output channels than a register tile,
+    # batch 2, a tile count that is not a multiple of the task size
+    monkeypatch.setattr(conv_mod._cpu_conv, "default", {"algo": "direct", "NC": 0, "KC": 0})
+    rng = np.random.default_rng(11)
+    for (n, c, h, w, co, k, p, d, g) in [(2, 6, 13, 17, 10, 3, 1, 1, 2),
+                                         (1, 4, 9, 30, 3, 3, 2, 2, 1),
+                                         (2, 8, 6, 6, 16, 1, 0, 1, 1)]:
+        x = rng.standard_normal((n, c, h, w)).astype(dtype)
+        wt = rng.standard_normal((co, c // g, k, k)).astype(dtype)
+        b = rng.standard_normal(co).astype(dtype)
+        mean, var, gamma, beta = _bn(co, dtype)
+        kw = dict(padding=p, dilation=d, groups=g)
+        got = nbops.conv_bn_relu(x, wt, b, mean, var, gamma, beta, **kw)
+        wf, bf = nbops.fold_batch_norm(wt, b, mean, var, gamma, beta)
+        want = np.maximum(_ref(x.astype(np.float64), wf.astype(np.float64),
+                               bf.astype(np.float64), dict(stride=1, **kw)), 0)
+        check(got, want, dtype=dtype, k=wt[0].size)
 
 
 def test_out_and_strided_input():

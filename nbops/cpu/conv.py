@@ -17,6 +17,14 @@ norm folded in) and ``act`` is 0 (none) or 1 (relu). Three algorithms:
   pass. The epilogue (bias per output channel, relu) runs on each MR x NR
   tile straight after its last k slice, while the tile is in L1: the output
   is written once.
+* ``direct`` (stride 1, an autotuner candidate): each image's planes are
+  copied once into zero-padded planes of row pitch Wp; then the GEMM of
+  the weights (CO x K, K = (ci, kh, kw)) with the "im2col" matrix whose row
+  k is the padded plane of ci shifted by ``kh * dh * Wp + kw * dw`` runs
+  with register tiles that read those rows where they lie (a table of K
+  row offsets, no packing at all), over the output at pitch Wp; the
+  epilogue drops the padding columns. For 3x3 64->64 at 56x56 (M = 64 is
+  too short for packing im2col panels to pay) 1.56x the implicit GEMM.
 * ``blas``: im2col of one image (all of it, in parallel), the GEMM's BLAS
   route on it (SciPy's BLAS, one single-threaded call per band of the
   output inside Numba's threads), then the epilogue; an autotuner
@@ -62,9 +70,11 @@ U = np.uint64
 def conv2d(x, w, wscale, bias, out, geo, act, algo="igemm", NC=256, KC=256):
     """``out = act(conv(x, w * wscale) + bias)`` (shapes in the module
     docstring); ``wscale`` and ``bias`` are per output channel or empty.
-    ``algo`` picks the implicit GEMM or the BLAS route for groups of more
-    than one input channel; one input channel per group always runs the
-    depthwise kernel. ``NC``/``KC``: pixels and k depth per packed block."""
+    ``algo`` picks the implicit GEMM, the direct convolution (stride 1;
+    other strides run the implicit GEMM) or the BLAS route for groups of
+    more than one input channel; one input channel per group always runs
+    the depthwise kernel. ``NC``/``KC``: pixels and k depth per packed
+    block."""
     if out.size == 0:
         return out
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
@@ -75,10 +85,14 @@ def conv2d(x, w, wscale, bias, out, geo, act, algo="igemm", NC=256, KC=256):
                                max(1, min(planes, 4 * get_num_threads())))
     elif C // G == 1:
         _depthwise(xf, wf, wscale, bias, of, geo, act)
+    elif algo == "direct" and direct_applies(geo, out.dtype):
+        _direct(x, w, wscale, bias, out, geo, act)
     elif algo == "blas":
         _blas_route(x, w, wscale, bias, out, geo, act)
     else:
-        _igemm(xf, wf, wscale, bias, of, geo, act, NC, KC)
+        # the implicit GEMM; also "direct" where it does not apply, whose
+        # config carries no block sizes
+        _igemm(xf, wf, wscale, bias, of, geo, act, NC or 256, KC or 256)
     return out
 
 
@@ -334,6 +348,184 @@ def _bind(template, scope, name):
     fn = pytypes.FunctionType(template.__code__, scope, name, template.__defaults__)
     fn.__qualname__ = name  # its own on-disk cache entry
     return fn
+
+
+# ---------------------------------------------------------------------------
+# Direct convolution on padded planes (stride 1)
+
+#: Register tiles (MR x NR) of the direct convolution per dtype.
+DIRECT_TILES = {np.dtype(np.float32): (8, 32), np.dtype(np.float64): (8, 16)}
+#: Output tiles per task (a task is one run of tiles along one image's
+#: output, for one group).
+DIRECT_TILES_PER_TASK = 8
+
+
+def direct_applies(geo, dtype):
+    """Whether ``algo="direct"`` runs for this geometry: stride 1, more than
+    one input channel per group, and at least one NR-wide tile of output at
+    the padded pitch."""
+    C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
+    return sh == 1 and sw == 1 and C // G > 1 and OH * _padded(geo)[1] >= \
+        DIRECT_TILES[np.dtype(dtype)][1]
+
+
+def _padded(geo):
+    """(Hp, Wp): the padded plane holding every position a window reads
+    ("same" padding of an even window pads one more at the bottom and
+    right than at the top and left)."""
+    C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
+    return (max(H + 2 * ph, (OH - 1) * sh + (KH - 1) * dh + 1),
+            max(W + 2 * pw, (OW - 1) * sw + (KW - 1) * dw + 1))
+
+
+def _direct(x, w, wscale, bias, out, geo, act):
+    C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
+    dtype = out.dtype
+    mr, nr = DIRECT_TILES[dtype]
+    Hp, Wp = _padded(geo)
+    plane = Hp * Wp
+    span = OH * Wp
+    cg, mg = C // G, CO // G
+    k = cg * KH * KW
+    n_img = x.size // (C * H * W)
+    # weights (G, rows, k), folded scale applied, at least MR rows per group
+    # (zero rows past mg: the tiles read MR rows and store mg of them)
+    rows = max(mg, mr)
+    wk = np.asarray(w, dtype).reshape(G, mg, k)
+    if wscale.size:
+        wk = wk * wscale.reshape(G, mg, 1)
+    if rows > mg or not wk.flags.c_contiguous:
+        a = np.zeros((G, rows, k), dtype)
+        a[:, :mg] = wk
+        wk = a
+    boff = _row_offsets(cg, KH, KW, plane, dh * Wp, dw)
+    # the last tile's rows read up to (KW - 1) * dw past the last plane
+    xpad = np.zeros(C * plane + (KW - 1) * dw, dtype)
+    cbuf = np.empty(CO * span, dtype)
+    ntile = (span + nr - 1) // nr
+    ntask = G * ((ntile + DIRECT_TILES_PER_TASK - 1) // DIRECT_TILES_PER_TASK)
+    xf, of = x.reshape(n_img, -1), out.reshape(n_img, -1)
+    kern = _direct_driver(dtype)
+    for n in range(n_img):
+        _pad_planes(xf[n], xpad, C, H, W, ph, pw, Wp, plane)
+        kern(wk.reshape(-1), rows, mg, k, xpad, cg * plane, boff, cbuf, span, ntile, ntask)
+        _direct_epilogue(cbuf, span, of[n], CO, OH, OW, Wp, bias, act)
+    return out
+
+
+_OFFSETS = {}
+
+
+def _row_offsets(cg, KH, KW, plane, row, col):
+    """Offsets of the K rows of the shifted-plane matrix, (ci, kh, kw) in
+    the weights' order: ``ci * plane + kh * row + kw * col``."""
+    key = (cg, KH, KW, plane, row, col)
+    off = _OFFSETS.get(key)
+    if off is None:
+        if len(_OFFSETS) >= 64:
+            _OFFSETS.clear()
+        off = _OFFSETS[key] = (np.arange(cg, dtype=np.int64)[:, None, None] * plane
+                               + np.arange(KH, dtype=np.int64)[None, :, None] * row
+                               + np.arange(KW, dtype=np.int64)[None, None, :] * col).reshape(-1)
+    return off
+
+
+@cpu_kernel(parallel=True)
+def _pad_planes(xf, xpad, C, H, W, ph, pw, Wp, plane):
+    # interior only: the padding stays the zeros it was allocated with
+    for c in prange(C):
+        for ih in range(H):
+            d0 = U(c * plane + (ih + ph) * Wp + pw)
+            s0 = U((c * H + ih) * W)
+            for iw in range(U(W)):
+                xpad[d0 + iw] = xf[s0 + iw]
+
+
+@cpu_kernel(parallel=True)
+def _direct_epilogue(cbuf, span, of, CO, OH, OW, Wp, bias, act):
+    # the OW valid columns of each row at pitch Wp, plus bias, relu
+    zero = of.dtype.type(0)
+    for co in prange(CO):
+        b = bias[co] if bias.size > 0 else zero
+        for oh in range(OH):
+            a0 = U(co * span + oh * Wp)
+            o0 = U((co * OH + oh) * OW)
+            if act == 1:
+                for ow in range(U(OW)):
+                    v = cbuf[a0 + ow] + b
+                    of[o0 + ow] = v if not v < zero else zero
+            else:
+                for ow in range(U(OW)):
+                    of[o0 + ow] = cbuf[a0 + ow] + b
+
+
+def _direct_t(wk, rows, mg, k, xpad, gplane, boff, cbuf, span, ntile, ntask):
+    # task = (group, run of DIRECT_TILES_PER_TASK output tiles); the last
+    # tile of the span is moved back to end there (it recomputes a few
+    # columns, bit-identical) instead of going through a scratch tile
+    zero = cbuf.dtype.type(0)
+    groups = cbuf.size // (mg * span)
+    per_group = ntask // groups
+    for t in prange(ntask):
+        g = t // per_group
+        j0 = (t - g * per_group) * DIRECT_TILES_PER_TASK
+        for j in range(j0, min(j0 + DIRECT_TILES_PER_TASK, ntile)):
+            q0 = min(j * NR, span - NR)
+            _rows(wk, g * rows * k, k, mg, xpad, g * gplane, boff, q0, k, cbuf,
+                  g * mg * span, span, zero)
+
+
+def _direct_rows_source(mr, nr):
+    """Source of ``direct_rows_{mr}x{nr}``: an NR-wide column block (output
+    columns q0..q0+NR at pitch ``ldc``) of the product of the weights (m
+    rows at ``a0``, row stride ``sam``, unit k stride; MR readable rows)
+    with the matrix whose row p is ``bbuf[b0 + boff[p]:][q0:q0 + NR]``, in
+    MR x NR register tiles down the m rows (the last moved back to end at
+    row m; only rows < m stored when m < MR). The k loop is the small-
+    product tile's (see ``linalg._small_rows_source``) with one offset load
+    for B's row."""
+    name = f"direct_rows_{mr}x{nr}"
+    acc = [[f"c{i}_{j}" for j in range(nr)] for i in range(mr)]
+    lines = [f"def {name}(abuf, a0, sam, m, bbuf, b0, boff, q0, k, outf, c0, ldc, zero):",
+             "    wide()", "    usam = U(sam)", "    ub0 = U(b0) + U(q0)"]
+    lines += [f"    s{i} = U{i} * usam" for i in range(1, mr)]
+    lines += ["    i0 = 0", "    while i0 < m:", f"        i0 = max(0, min(i0, m - {mr}))"]
+    lines += [f"        {acc[i][j]} = zero" for i in range(mr) for j in range(nr)]
+    lines += ["        ap = U(a0) + U(i0) * usam"]
+    lines += ["        for p in range(k):", "            bp = ub0 + U(boff[p])",
+              "            x0 = abuf[ap]"]
+    lines += [f"            x{i} = abuf[ap + s{i}]" for i in range(1, mr)]
+    lines += ["            y0 = bbuf[bp]"]
+    lines += [f"            y{j} = bbuf[bp + U{j}]" for j in range(1, nr)]
+    lines += [f"            {acc[i][j]} += x{i} * y{j}" for i in range(mr) for j in range(nr)]
+    lines += ["            ap += U1"]
+    for i in range(mr):
+        ind = "        "
+        if i:
+            lines.append(f"        if i0 + {i} < m:")
+            ind = "            "
+        lines.append(f"{ind}row = outf[c0 + (i0 + {i}) * ldc + q0:"
+                     f"c0 + (i0 + {i}) * ldc + q0 + {nr}]")
+        lines += [f"{ind}row[{j}] = {acc[i][j]}" for j in range(nr)]
+    lines.append(f"        i0 += {mr}")
+    return name, "\n".join(lines) + "\n"
+
+
+_DIRECT = {}
+
+
+def _direct_driver(dtype):
+    """The direct-convolution driver for ``dtype``'s tile, built on first use."""
+    d = _DIRECT.get(dtype)
+    if d is None:
+        mr, nr = DIRECT_TILES[dtype]
+        name, src = _direct_rows_source(mr, nr)
+        scope = dict(globals())
+        scope.update(NR=nr, _rows=cpu_kernel(_linalg.generated(
+            src, name, _linalg._unsigned_scope(max(mr, nr)))))
+        d = _DIRECT[dtype] = cpu_kernel(_bind(_direct_t, scope, f"conv_direct_{mr}x{nr}"),
+                                        parallel=True)
+    return d
 
 
 # ---------------------------------------------------------------------------
