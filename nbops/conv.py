@@ -87,7 +87,10 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, out=
         PyTorch does).
     groups : int >= 1 dividing both C and CO. ``groups == C`` is a
         depthwise convolution (CO = C * multiplier), which runs its own
-        kernel.
+        kernel. (An infinite or NaN weight over the zero padding: the CPU
+        kernels multiply it by the padding's zeros, which gives NaN, except
+        the depthwise kernel at strides of 3 or more; that one and the CUDA
+        kernels skip padded positions.)
     out : array (N, CO, OH, OW), optional
         C-contiguous, the result's dtype and device, not overlapping inputs.
 

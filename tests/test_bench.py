@@ -193,6 +193,8 @@ def test_measure_copy_and_parallel_copy():
     out4 = np.zeros_like(x4)
     harness.parallel_copy(x4, out4)  # seen flat (it used to index a 4-D pair as 1-D)
     np.testing.assert_array_equal(out4, x4)
+    with pytest.raises(ValueError, match="same size"):
+        harness.parallel_copy(x, out[:10])
     assert harness.measure_copy(1000, np.float64, rounds=1, pause=0.0) > 0
 
 

@@ -212,10 +212,10 @@ def test_max_pool_nan_and_inf():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_max_pool_stride_two_rows_of_every_width(dtype):
-    # the stride-2 horizontal pass runs in vector blocks of 16 (float32) or
-    # 8 (float64) outputs with a masked last block: widths on both sides of
-    # one, two and four blocks, NaN and infinities at random
+def test_stride_two_rows_of_every_width(dtype):
+    # the stride-2 horizontal pass (max and average) runs in vector blocks of
+    # 16 (float32) or 8 (float64) outputs with a masked last block: widths on
+    # both sides of one, two and four blocks, NaN and infinities at random
     rng = np.random.default_rng(3)
     for w in (3, 4, 17, 30, 31, 32, 33, 34, 47, 63, 64, 65, 66, 80):
         x = rng.standard_normal((1, 2, 5, w)).astype(dtype)
@@ -227,6 +227,12 @@ def test_max_pool_stride_two_rows_of_every_width(dtype):
             ref, _ = ref_max_pool2d(x, k, 2, p, 1, False)
             y = nbops.max_pool2d(x, k, 2, p)
             np.testing.assert_array_equal(y, ref)
+            finite = np.nan_to_num(x, nan=0.5, posinf=3.0, neginf=-3.0)
+            for ceil, inc, div in ((False, True, None), (True, False, None), (False, True, 5)):
+                y = nbops.avg_pool2d(finite, k, 2, p, ceil, inc, div)
+                want = ref_avg_pool2d(finite, k, 2, p, ceil, inc, div)
+                np.testing.assert_allclose(y, want, rtol=1e-6 if dtype == np.float32 else 1e-14,
+                                           atol=1e-6 if dtype == np.float32 else 1e-14)
 
 
 def test_one_dimensional_pools_are_height_one_2d_pools():
@@ -417,3 +423,33 @@ def test_model_trains_through_pooling():
     assert isinstance(out, Tensor) and out.shape == (2, 8)
     out.sum().backward()
     assert x.grad.shape == x.shape and np.isfinite(x.grad).all()
+
+
+def test_remembered_geometry_still_rejects_bad_types():
+    x = np.zeros((1, 1, 6, 6))
+    nbops.max_pool2d(x, 2, 1)
+    with pytest.raises(TypeError, match="stride"):
+        nbops.max_pool2d(x, 2, True)      # equal to 1, hashed like 1: not the same call
+    nbops.avg_pool2d(x, 2, 2)
+    with pytest.raises(TypeError, match="kernel_size"):
+        nbops.avg_pool2d(x, 2.0, 2)
+
+
+def test_pool_kernel_cache_keys_are_the_same_in_every_process():
+    # Numba keys its disk cache on the pickled closure of a kernel: an
+    # intrinsic object held there pickled differently in each process, so
+    # the pooling kernels compiled again at every start
+    code = (
+        "import hashlib, numpy as np, nbops\n"
+        "from nbops.cpu import pooling as P\n"
+        "x = np.zeros((1, 1, 8, 8), np.float32)\n"
+        "nbops.max_pool2d(x, 3, 2, 1); nbops.avg_pool2d(x, 3, 2, 1)\n"
+        "keys = [repr(d._cache._index_key(d.signatures[0], d.targetctx.codegen()))\n"
+        "        for d in list(P._max_rows.values()) + list(P._avg_rows.values())]\n"
+        "print(hashlib.sha256(''.join(keys).encode()).hexdigest())\n")
+    import subprocess
+    import sys
+
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True).stdout.strip() for _ in range(2)]
+    assert runs[0] and runs[0] == runs[1]

@@ -259,6 +259,8 @@ def parallel_copy(x, out):
     """``out[...] = x`` for C-contiguous arrays of one size, seen flat, over
     all threads: the bandwidth that a memory-bound kernel can hope for.
     (It indexed its arguments as 1-D: a 4-D pair crashed the process.)"""
+    if x.size != out.size:
+        raise ValueError("parallel_copy: 'x' and 'out' must have the same size")
     src = x.reshape(x.size)
     dst = out.reshape(out.size)
     for i in prange(src.size):

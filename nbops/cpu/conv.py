@@ -546,7 +546,7 @@ def _depthwise_padded(xf, wf, wscale, bias, of, geo, act, nchunk):
     # in the last bits where the two kernels' loops round their multiply-adds
     # differently (4.8e-15 relative, more where taps cancel); and where a
     # window's padding meets an infinite or NaN weight, w * 0 is added here
-    # and skipped there (NaN, as in PyTorch).
+    # and skipped there (NaN here; see conv2d's docstring).
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
     n_img = xf.size // (C * H * W)
     mult = CO // C

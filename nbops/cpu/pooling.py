@@ -12,9 +12,9 @@ neutral value (-inf or 0), and each output element then reduces ``kw``
 entries of that row, which sits in L1. Common horizontal windows
 (:data:`SPECIALISED`) get kernels compiled with ``kw``/``sw``/``dw`` as
 constants, which lets LLVM vectorize that strided pass too (3x faster for
-max, 5x for average pooling than with runtime values; the stride-2 max
-windows of 2 and 3 columns, ResNet's and VGG's, run as vector blocks written
-in LLVM IR, :func:`_stride2_windows`); the average pool's
+max, 5x for average pooling than with runtime values; the stride-2
+windows of 2 and 3 columns, ResNet's and VGG's, of both pools run as vector
+blocks written in LLVM IR, :func:`_stride2_windows`); the average pool's
 divisor is split into a row factor and a per-column factor computed once per
 chunk. Each input element is read from memory once per window row it
 belongs to (rows shared by consecutive windows come back from cache), each
@@ -122,10 +122,13 @@ def _chunks(out):
 
 def _max_rows_kernel(KW, SW, DW):
     """The separable max pool, with the horizontal window (kw, sw, dw) fixed
-    at compile time when ``KW`` > 0 (LLVM then vectorizes the strided
-    horizontal pass: 3x faster for 3x3/2), else read from the arguments."""
+    at compile time when ``KW`` > 0 (the strided horizontal pass then
+    vectorizes: stride 2 through ``_stride2_windows``, other strides by
+    LLVM), else read from the arguments.
 
-    window_max = _stride2_windows(3 if KW == 3 else 2, False)  # where SW == 2, DW == 1
+    Only ints sit in the kernel's closure: Numba keys its disk cache on the
+    pickled closure, and an intrinsic object there pickles differently in
+    every process (the kernels were compiled again at each start)."""
 
     def kernel(x, out, kh, kw, sh, sw, ph, pw, dh, dw, nchunk):
         kw_ = KW if KW else kw
@@ -170,7 +173,10 @@ def _max_rows_kernel(KW, SW, DW):
                         mid[j] = neg
                 dst = out[p, oh]
                 if SW == 2 and DW == 1:
-                    window_max(dst, row, ow_n)
+                    if KW == 3:
+                        _WINDOW_MAX3(dst, row, ow_n)
+                    else:
+                        _WINDOW_MAX2(dst, row, ow_n)
                 else:
                     for o in range(ow_n):
                         b = o * sw_
@@ -187,7 +193,10 @@ def _max_rows_kernel(KW, SW, DW):
 
 #: Lanes of one 64-byte vector, the widest that :func:`_stride2_windows`
 #: reads, times two: spare scratch columns past the last window's, so that
-#: its unmasked loads of the last (partial) block stay inside the row.
+#: its unmasked loads of the last (partial) block stay inside the row. (The
+#: last block may start at output n - 1 and read up to ``2 n + 2 L - 1``
+#: for three columns, L lanes: one element inside a row of ``span + SPARE``
+#: = ``2 n + 1 + 2 L``; two for two columns.)
 SPARE = 2 * 64 // 4
 
 
@@ -212,14 +221,17 @@ def _stride2_windows(kw, average):
     takes 0.2 ms."""
 
     def typer(typingctx, dst, row, n, *rest):
+        # 1-D C-contiguous arrays only: the code reads the data pointers
+        # and ignores strides
         if not (isinstance(dst, types.Array) and isinstance(row, types.Array)
+                and dst.ndim == row.ndim == 1 and dst.layout == row.layout == "C"
                 and dst.dtype == row.dtype and dst.dtype in (types.float32, types.float64)):
             return None
         args = (dst, row, types.intp)
         if average:
             wdiv, hdiv = rest
             if not (isinstance(wdiv, types.Array) and wdiv.dtype == dst.dtype
-                    and wdiv.ndim == 1 and hdiv == dst.dtype):
+                    and wdiv.ndim == 1 and wdiv.layout == "C" and hdiv == dst.dtype):
                 return None
             args += (wdiv, hdiv)
         return types.void(*args), _codegen
@@ -294,6 +306,12 @@ def _stride2_windows(kw, average):
     return intrinsic(window_max)
 
 
+_WINDOW_MAX2 = _stride2_windows(2, False)
+_WINDOW_MAX3 = _stride2_windows(3, False)
+_WINDOW_MEAN2 = _stride2_windows(2, True)
+_WINDOW_MEAN3 = _stride2_windows(3, True)
+
+
 #: Horizontal windows (kw, sw, dw) with a compiled kernel of their own
 #: (ResNet's 3x3/2, the 2x2/2 of VGG and U-Nets, stride-1 3x3 and 2x2);
 #: others run the generic kernel.
@@ -341,9 +359,9 @@ def _avg_rows_kernel(KW, SW):
     """The separable average pool: zero-padded scratch rows as in the max
     pool, and each output column's share of the divisor computed once per
     chunk, so that the horizontal pass is a fixed-length sum and a division
-    (vectorized when ``KW`` > 0 fixes kw and sw at compile time)."""
-
-    window_mean = _stride2_windows(3 if KW == 3 else 2, True)  # where SW == 2
+    (vectorized when ``KW`` > 0 fixes kw and sw at compile time; stride 2
+    through ``_stride2_windows``). Only ints in the closure, as for the
+    max pool."""
 
     def kernel(x, out, kh, kw, sh, sw, ph, pw, include_pad, divisor, nchunk):
         kw_ = KW if KW else kw
@@ -380,7 +398,10 @@ def _avg_rows_kernel(KW, SW):
                             mid[j] += src[j]
                 dst = out[p, oh]
                 if SW == 2:
-                    window_mean(dst, row, ow_n, wdiv, hdiv)
+                    if KW == 3:
+                        _WINDOW_MEAN3(dst, row, ow_n, wdiv, hdiv)
+                    else:
+                        _WINDOW_MEAN2(dst, row, ow_n, wdiv, hdiv)
                     continue
                 for o in range(ow_n):
                     b = o * sw_
