@@ -88,7 +88,7 @@ def cpu_kernel(fn=None, *, parallel=False, fastmath=FASTMATH, slp=True, hoist_ch
 
 #: Sources that kernels in other files compile into themselves.
 SHARED_SOURCES = ("_jit.py", "_formulas.py", "cpu/_approx.py", "cpu/_memory.py",
-                  "neuromorphic/lif.py")
+                  "neuromorphic/lif.py", "cpu/linalg.py")
 _digest = None
 
 

@@ -249,16 +249,16 @@ class Autotuner:
 
     def _valid(self, entry):
         return (isinstance(entry, dict) and entry.get("config") in self.configs
-                and isinstance(entry.get("times"), list))
+                and isinstance(entry.get("times"), list)
+                and all(isinstance(t, (list, tuple)) and len(t) == 2 and isinstance(t[0], dict)
+                        and (t[1] is None or isinstance(t[1], (int, float)))
+                        for t in entry["times"]))
 
     def _other_candidates(self, entry):
-        """Whether a stored entry timed another list of configs than this
-        tuner's (a candidate added or removed since it was tuned): its
+        """Whether a stored (valid) entry timed another list of configs than
+        this tuner's (a candidate added or removed since it was tuned): its
         choice is then made again rather than trusted."""
-        try:
-            timed = [config for config, _ in entry["times"]]
-        except (TypeError, ValueError):
-            return False
+        timed = [config for config, _ in entry["times"]]
         return len(timed) != len(self.configs) or any(c not in timed for c in self.configs)
 
     def lookup(self, key, device):
@@ -273,7 +273,7 @@ class Autotuner:
             return None
         if self._valid(entry) and self._other_candidates(entry):
             return None     # tuned before the candidates changed: tune again
-        if not self._valid(entry):
+        if not self._valid(entry):  # warns, then tunes again
             warnings.warn(f"nbops.autotune: ignoring malformed cache entry {key!r} in "
                           f"{cache_path(device)}", AutotuneCacheWarning, stacklevel=3)
             return None

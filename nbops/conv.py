@@ -53,7 +53,8 @@ CONV_CONFIGS = [
     {"algo": "igemm", "NC": 256, "KC": 512},
     {"algo": "igemm", "NC": 1024, "KC": 128},
     {"algo": "blas", "NC": 0, "KC": 0},
-    {"algo": "direct", "NC": 0, "KC": 0},   # stride 1 (else the default blocks' igemm)
+    # stride 1 with at least one NR-wide tile of output (else igemm, default blocks)
+    {"algo": "direct", "NC": 0, "KC": 0},
 ]
 
 
@@ -411,9 +412,12 @@ def _conv(op, spatial, x, weight, bias, wscale, stride, padding, dilation, group
     if dev == CUDA or geo[0] // geo[13] == 1:
         _dispatch.kernel("conv.conv2d", dev)(*args)
     else:
-        c, h, w, kh, kw, sh = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
+        c, h, w, kh, kw, sh, sw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6]
+        # both strides in the key: (1, 2) must not share a tuning with (1, 1)
+        stride = sh if sh == sw else f"{sh}x{sw}"
         _cpu_conv.run((args,), dict(n=int(x.shape[0]), c=c, hw=h * w, co=co, kk=kh * kw,
-                                    stride=sh, groups=geo[13], dtype=np.dtype(x.dtype).name))
+                                    stride=stride, groups=geo[13],
+                                    dtype=np.dtype(x.dtype).name))
     return out, geo
 
 

@@ -214,14 +214,25 @@ def test_direct_algorithm_fused_and_batched(monkeypatch, dtype):
     # batch 2, a tile count that is not a multiple of the task size
     monkeypatch.setattr(conv_mod._cpu_conv, "default", {"algo": "direct", "NC": 0, "KC": 0})
     rng = np.random.default_rng(11)
+    from nbops.cpu import conv as cpu_conv
+
+    # (Python-side only: a global that the compiled driver reads would be
+    # frozen into its disk cache)
+    monkeypatch.setattr(cpu_conv, "DIRECT_TASKS_PER_THREAD", 64)  # channel blocks too
     for (n, c, h, w, co, k, p, d, g) in [(2, 6, 13, 17, 10, 3, 1, 1, 2),
                                          (1, 4, 9, 30, 3, 3, 2, 2, 1),
-                                         (2, 8, 6, 6, 16, 1, 0, 1, 1)]:
+                                         (2, 8, 6, 6, 16, 1, 0, 1, 1),
+                                         (1, 6, 14, 14, 44, 3, 1, 1, 2),   # 22 = 8 + 8 + 6
+                                         (1, 3, 5, 9, 5, (2, 4), "same", (2, 1), 1),
+                                         (3, 2, 3, 14, 4, 3, 1, 1, 1)]:    # span == NR
+        kh, kw_ = (k, k) if isinstance(k, int) else k
         x = rng.standard_normal((n, c, h, w)).astype(dtype)
-        wt = rng.standard_normal((co, c // g, k, k)).astype(dtype)
+        wt = rng.standard_normal((co, c // g, kh, kw_)).astype(dtype)
         b = rng.standard_normal(co).astype(dtype)
         mean, var, gamma, beta = _bn(co, dtype)
         kw = dict(padding=p, dilation=d, groups=g)
+        geo, _ = conv_mod._geometry("t", 2, x, wt, 1, p, d, g)
+        assert cpu_conv.direct_applies(geo, dtype)
         got = nbops.conv_bn_relu(x, wt, b, mean, var, gamma, beta, **kw)
         wf, bf = nbops.fold_batch_norm(wt, b, mean, var, gamma, beta)
         want = np.maximum(_ref(x.astype(np.float64), wf.astype(np.float64),

@@ -3,7 +3,7 @@
 Every convolution is ``out[n, co] = act(sum_k W'[co, k] col[k, p] + b[co])``
 with ``k = (ci, kh, kw)`` over one group's input channels and ``p = (oh,
 ow)``; ``W' = W * wscale[co]`` when a per-channel scale is given (batch
-norm folded in) and ``act`` is 0 (none) or 1 (relu). Three algorithms:
+norm folded in) and ``act`` is 0 (none) or 1 (relu). Four algorithms:
 
 * ``igemm`` (implicit GEMM, the default for every grouping with more than
   one input channel per group, 1x1 included): nbops' own packed GEMM of
@@ -24,7 +24,9 @@ norm folded in) and ``act`` is 0 (none) or 1 (relu). Three algorithms:
   with register tiles that read those rows where they lie (a table of K
   row offsets, no packing at all), over the output at pitch Wp; the
   epilogue drops the padding columns. For 3x3 64->64 at 56x56 (M = 64 is
-  too short for packing im2col panels to pay) 1.56x the implicit GEMM.
+  too short for packing im2col panels to pay) 1.20x / 1.31x the best other
+  algorithm at batch 1 / 8, paired; the autotuner keeps the others where
+  they win (large C at small maps, 1x1).
 * ``blas``: im2col of one image (all of it, in parallel), the GEMM's BLAS
   route on it (SciPy's BLAS, one single-threaded call per band of the
   output inside Numba's threads), then the epilogue; an autotuner
@@ -70,11 +72,11 @@ U = np.uint64
 def conv2d(x, w, wscale, bias, out, geo, act, algo="igemm", NC=256, KC=256):
     """``out = act(conv(x, w * wscale) + bias)`` (shapes in the module
     docstring); ``wscale`` and ``bias`` are per output channel or empty.
-    ``algo`` picks the implicit GEMM, the direct convolution (stride 1;
-    other strides run the implicit GEMM) or the BLAS route for groups of
-    more than one input channel; one input channel per group always runs
-    the depthwise kernel. ``NC``/``KC``: pixels and k depth per packed
-    block."""
+    ``algo`` picks the implicit GEMM, the direct convolution (where
+    ``direct_applies``; elsewhere the implicit GEMM) or the BLAS route for
+    groups of more than one input channel; one input channel per group
+    always runs the depthwise kernel. ``NC``/``KC``: pixels and k depth per
+    packed block."""
     if out.size == 0:
         return out
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
@@ -356,8 +358,11 @@ def _bind(template, scope, name):
 #: Register tiles (MR x NR) of the direct convolution per dtype.
 DIRECT_TILES = {np.dtype(np.float32): (8, 32), np.dtype(np.float64): (8, 16)}
 #: Output tiles per task (a task is one run of tiles along one image's
-#: output, for one group).
+#: output, for one group and one block of its output channels).
 DIRECT_TILES_PER_TASK = 8
+#: Tasks per thread that channel blocks are added for, where runs of tiles
+#: alone are too few.
+DIRECT_TASKS_PER_THREAD = 4
 
 
 def direct_applies(geo, dtype):
@@ -403,12 +408,15 @@ def _direct(x, w, wscale, bias, out, geo, act):
     xpad = np.zeros(C * plane + (KW - 1) * dw, dtype)
     cbuf = np.empty(CO * span, dtype)
     ntile = (span + nr - 1) // nr
-    ntask = G * ((ntile + DIRECT_TILES_PER_TASK - 1) // DIRECT_TILES_PER_TASK)
+    nq = -(-ntile // DIRECT_TILES_PER_TASK)
+    # blocks of output channels too where runs of tiles alone leave threads
+    # idle (a 14 x 14 map is 7 tiles: one task)
+    nb = max(1, min(-(-mg // mr), -(-DIRECT_TASKS_PER_THREAD * get_num_threads() // (G * nq))))
     xf, of = x.reshape(n_img, -1), out.reshape(n_img, -1)
     kern = _direct_driver(dtype)
     for n in range(n_img):
         _pad_planes(xf[n], xpad, C, H, W, ph, pw, Wp, plane)
-        kern(wk.reshape(-1), rows, mg, k, xpad, cg * plane, boff, cbuf, span, ntile, ntask)
+        kern(wk.reshape(-1), rows, mg, k, xpad, cg * plane, boff, cbuf, span, ntile, nq, nb)
         _direct_epilogue(cbuf, span, of[n], CO, OH, OW, Wp, bias, act)
     return out
 
@@ -459,20 +467,32 @@ def _direct_epilogue(cbuf, span, of, CO, OH, OW, Wp, bias, act):
                     of[o0 + ow] = cbuf[a0 + ow] + b
 
 
-def _direct_t(wk, rows, mg, k, xpad, gplane, boff, cbuf, span, ntile, ntask):
-    # task = (group, run of DIRECT_TILES_PER_TASK output tiles); the last
-    # tile of the span is moved back to end there (it recomputes a few
-    # columns, bit-identical) instead of going through a scratch tile
+def _direct_t(wk, rows, mg, k, xpad, gplane, boff, cbuf, span, ntile, nq, nb):
+    # task = (group, block of output channels, run of DIRECT_TILES_PER_TASK
+    # output tiles). Channel blocks are whole MR-row slivers but the last,
+    # which ends at mg and is moved back to hold MR rows where mg allows;
+    # the last tile of the span is moved back to end there. Both recompute
+    # a few values already stored, bit-identical, instead of going through
+    # a scratch tile.
     zero = cbuf.dtype.type(0)
     groups = cbuf.size // (mg * span)
-    per_group = ntask // groups
-    for t in prange(ntask):
-        g = t // per_group
-        j0 = (t - g * per_group) * DIRECT_TILES_PER_TASK
+    slivers = -(-mg // MR)
+    per = -(-slivers // nb) * MR                # rows per channel block
+    for t in prange(groups * nb * nq):
+        g = t // (nb * nq)
+        r = t - g * nb * nq
+        b = r // nq
+        j0 = (r - b * nq) * DIRECT_TILES_PER_TASK
+        r0 = b * per
+        r1 = min(mg, r0 + per)
+        if r0 >= r1:
+            continue
+        if r1 - r0 < MR:
+            r0 = max(0, r1 - MR)
         for j in range(j0, min(j0 + DIRECT_TILES_PER_TASK, ntile)):
             q0 = min(j * NR, span - NR)
-            _rows(wk, g * rows * k, k, mg, xpad, g * gplane, boff, q0, k, cbuf,
-                  g * mg * span, span, zero)
+            _rows(wk, (g * rows + r0) * k, k, r1 - r0, xpad, g * gplane, boff, q0, k, cbuf,
+                  (g * mg + r0) * span, span, zero)
 
 
 def _direct_rows_source(mr, nr):
@@ -521,8 +541,8 @@ def _direct_driver(dtype):
         mr, nr = DIRECT_TILES[dtype]
         name, src = _direct_rows_source(mr, nr)
         scope = dict(globals())
-        scope.update(NR=nr, _rows=cpu_kernel(_linalg.generated(
-            src, name, _linalg._unsigned_scope(max(mr, nr)))))
+        scope.update(MR=mr, NR=nr, _rows=cpu_kernel(_linalg.generated(
+            src, name, _linalg._unsigned_scope(max(mr, nr)), filename=__file__)))
         d = _DIRECT[dtype] = cpu_kernel(_bind(_direct_t, scope, f"conv_direct_{mr}x{nr}"),
                                         parallel=True)
     return d
