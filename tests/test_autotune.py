@@ -118,17 +118,22 @@ def test_corrupted_or_foreign_cache_is_ignored(content):
     assert data["device"] == at.device_name() and len(data["entries"]) == 1
 
 
-def test_malformed_entry_is_ignored():
+@pytest.mark.parametrize("entry", [
+    {"config": {"delay": 99}, "times": []},
+    {"config": {"delay": 0.0}, "times": [[{"delay": 0.0}, 0.1, 9]]},   # not pairs
+    {"config": {"delay": 0.0}, "times": [5, 6]},
+], ids=["foreign-config", "triples", "numbers"])
+def test_malformed_entry_is_ignored(entry):
     path = at.cache_path()
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    entries = {"test.sleepy|float64|n=2": {"config": {"delay": 99}, "times": []}}
-    json.dump({"format": 1, "device": at.device_name(), "nbops": nbops.__version__,
+    entries = {"test.sleepy|float64|n=2": entry}
+    json.dump({"format": at.FORMAT, "device": at.device_name(), "nbops": nbops.__version__,
                "entries": entries}, open(path, "w"))
     calls = []
     f = make_tuner(calls)
     with pytest.warns(at.AutotuneCacheWarning, match="malformed"):
-        f(np.ones(2), n=2)
-    assert 99 not in calls
+        f(np.ones(2), n=2)                      # tuned again, not a failing call
+    assert 99 not in calls and set(calls) >= {0.04, 0.0, 0.02}
 
 
 def test_unwritable_cache_dir_warns(monkeypatch, tmp_path):
