@@ -207,8 +207,9 @@ def test_depthwise_padded_plane_kernel(dtype):
         np.testing.assert_allclose(nbops.conv_relu(x, wt, b, **kw_), np.maximum(want, 0), **tol)
 
 
+@pytest.mark.parametrize("step_bytes", [1, 16 << 20], ids=["image-by-image", "one-step"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_direct_algorithm_fused_and_batched(monkeypatch, dtype):
+def test_direct_algorithm_fused_and_batched(monkeypatch, dtype, step_bytes):
     # the direct convolution with folded batch norm (per-channel weight
     # scale), relu, groups with fewer output channels than a register tile,
     # batch 2, a tile count that is not a multiple of the task size
@@ -219,6 +220,7 @@ def test_direct_algorithm_fused_and_batched(monkeypatch, dtype):
     # (Python-side only: a global that the compiled driver reads would be
     # frozen into its disk cache)
     monkeypatch.setattr(cpu_conv, "DIRECT_TASKS_PER_THREAD", 64)  # channel blocks too
+    monkeypatch.setattr(cpu_conv, "DIRECT_STEP_BYTES", step_bytes)
     for (n, c, h, w, co, k, p, d, g) in [(2, 6, 13, 17, 10, 3, 1, 1, 2),
                                          (1, 4, 9, 30, 3, 3, 2, 2, 1),
                                          (2, 8, 6, 6, 16, 1, 0, 1, 1),

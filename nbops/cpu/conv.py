@@ -363,6 +363,8 @@ DIRECT_TILES_PER_TASK = 8
 #: Tasks per thread that channel blocks are added for, where runs of tiles
 #: alone are too few.
 DIRECT_TASKS_PER_THREAD = 4
+#: Bytes of padded input planes and output per step of images.
+DIRECT_STEP_BYTES = 16 << 20
 
 
 def direct_applies(geo, dtype):
@@ -404,22 +406,29 @@ def _direct(x, w, wscale, bias, out, geo, act):
         a[:, :mg] = wk
         wk = a
     boff = _row_offsets(cg, KH, KW, plane, dh * Wp, dw)
+    # images in steps whose padded planes and output fit DIRECT_STEP_BYTES:
+    # three parallel launches a step, not three an image
+    per_img = (C * plane + CO * span) * dtype.itemsize
+    step = max(1, min(n_img, DIRECT_STEP_BYTES // per_img))
     # the last tile's rows read up to (KW - 1) * dw past the last plane
-    xpad = np.zeros(C * plane + (KW - 1) * dw, dtype)
-    cbuf = np.empty(CO * span, dtype)
+    xpad = np.zeros(step * C * plane + (KW - 1) * dw, dtype)
+    cbuf = np.empty(step * CO * span, dtype)
     ntile = (span + nr - 1) // nr
     nq = -(-ntile // DIRECT_TILES_PER_TASK)
-    # blocks of output channels too where runs of tiles alone leave threads
-    # idle (a 14 x 14 map is 7 tiles: one task)
-    nb = max(1, min(-(-mg // mr), -(-DIRECT_TASKS_PER_THREAD * get_num_threads() // (G * nq))))
     xf, of = x.reshape(n_img, -1), out.reshape(n_img, -1)
     kern = _direct_driver(dtype)
-    for n in range(n_img):
-        _pad_planes(xf[n], xpad, C, H, W, ph, pw, Wp, plane)
-        kern(wk.reshape(-1), rows, mg, k, xpad, cg * plane, boff, cbuf, span, ntile, nq, nb)
-        _direct_epilogue(cbuf, span, of[n], CO, OH, OW, Wp, bias, act)
+    for n0 in range(0, n_img, step):
+        m = min(step, n_img - n0)
+        # blocks of output channels too where runs of tiles alone leave
+        # threads idle (a 14 x 14 map is 7 tiles: one task per image)
+        nb = max(1, min(-(-mg // mr),
+                        -(-DIRECT_TASKS_PER_THREAD * get_num_threads() // (m * G * nq))))
+        _pad_planes(xf[n0:n0 + m].reshape(-1), xpad, m * C, H, W, ph, pw, Wp, plane)
+        kern(wk.reshape(-1), rows, mg, k, xpad, cg * plane, boff, cbuf, span, ntile, nq, nb,
+             G, m)
+        _direct_epilogue(cbuf, span, of[n0:n0 + m].reshape(-1), m * CO, CO, OH, OW, Wp,
+                         bias, act)
     return out
-
 
 _OFFSETS = {}
 
@@ -440,7 +449,8 @@ def _row_offsets(cg, KH, KW, plane, row, col):
 
 @cpu_kernel(parallel=True)
 def _pad_planes(xf, xpad, C, H, W, ph, pw, Wp, plane):
-    # interior only: the padding stays the zeros it was allocated with
+    # C planes (of all the step's images) into the padded planes; interior
+    # only: the padding stays the zeros it was allocated with
     for c in prange(C):
         for ih in range(H):
             d0 = U(c * plane + (ih + ph) * Wp + pw)
@@ -450,11 +460,12 @@ def _pad_planes(xf, xpad, C, H, W, ph, pw, Wp, plane):
 
 
 @cpu_kernel(parallel=True)
-def _direct_epilogue(cbuf, span, of, CO, OH, OW, Wp, bias, act):
-    # the OW valid columns of each row at pitch Wp, plus bias, relu
+def _direct_epilogue(cbuf, span, of, planes, CO, OH, OW, Wp, bias, act):
+    # the OW valid columns of each row at pitch Wp, plus bias, relu, for the
+    # step's planes = images * CO output planes
     zero = of.dtype.type(0)
-    for co in prange(CO):
-        b = bias[co] if bias.size > 0 else zero
+    for co in prange(planes):
+        b = bias[co % CO] if bias.size > 0 else zero
         for oh in range(OH):
             a0 = U(co * span + oh * Wp)
             o0 = U((co * OH + oh) * OW)
@@ -467,20 +478,21 @@ def _direct_epilogue(cbuf, span, of, CO, OH, OW, Wp, bias, act):
                     of[o0 + ow] = cbuf[a0 + ow] + b
 
 
-def _direct_t(wk, rows, mg, k, xpad, gplane, boff, cbuf, span, ntile, nq, nb):
-    # task = (group, block of output channels, run of DIRECT_TILES_PER_TASK
-    # output tiles). Channel blocks are whole MR-row slivers but the last,
-    # which ends at mg and is moved back to hold MR rows where mg allows;
-    # the last tile of the span is moved back to end there. Both recompute
-    # a few values already stored, bit-identical, instead of going through
-    # a scratch tile.
+def _direct_t(wk, rows, mg, k, xpad, gplane, boff, cbuf, span, ntile, nq, nb, groups, nimg):
+    # task = (image, group, block of output channels, run of
+    # DIRECT_TILES_PER_TASK output tiles). Channel blocks are whole MR-row
+    # slivers but the last, which ends at mg and is moved back to hold MR
+    # rows where mg allows; the last tile of the span is moved back to end
+    # there. Both recompute a few values already stored, bit-identical,
+    # instead of going through a scratch tile.
     zero = cbuf.dtype.type(0)
-    groups = cbuf.size // (mg * span)
     slivers = -(-mg // MR)
     per = -(-slivers // nb) * MR                # rows per channel block
-    for t in prange(groups * nb * nq):
-        g = t // (nb * nq)
-        r = t - g * nb * nq
+    for t in prange(nimg * groups * nb * nq):
+        n = t // (groups * nb * nq)
+        r = t - n * groups * nb * nq
+        g = r // (nb * nq)
+        r = r - g * nb * nq
         b = r // nq
         j0 = (r - b * nq) * DIRECT_TILES_PER_TASK
         r0 = b * per
@@ -491,8 +503,8 @@ def _direct_t(wk, rows, mg, k, xpad, gplane, boff, cbuf, span, ntile, nq, nb):
             r0 = max(0, r1 - MR)
         for j in range(j0, min(j0 + DIRECT_TILES_PER_TASK, ntile)):
             q0 = min(j * NR, span - NR)
-            _rows(wk, (g * rows + r0) * k, k, r1 - r0, xpad, g * gplane, boff, q0, k, cbuf,
-                  (g * mg + r0) * span, span, zero)
+            _rows(wk, (g * rows + r0) * k, k, r1 - r0, xpad, (n * groups + g) * gplane, boff,
+                  q0, k, cbuf, ((n * groups + g) * mg + r0) * span, span, zero)
 
 
 def _direct_rows_source(mr, nr):
