@@ -271,12 +271,12 @@ class Autotuner:
         entry = self._loaded[device].get(key)
         if entry is None:
             return None
-        if self._valid(entry) and self._other_candidates(entry):
-            return None     # tuned before the candidates changed: tune again
         if not self._valid(entry):  # warns, then tunes again
             warnings.warn(f"nbops.autotune: ignoring malformed cache entry {key!r} in "
                           f"{cache_path(device)}", AutotuneCacheWarning, stacklevel=3)
             return None
+        if self._other_candidates(entry):
+            return None     # tuned before the candidates changed: tune again
         self._memory[(device, key)] = entry
         return entry
 

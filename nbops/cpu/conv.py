@@ -46,6 +46,7 @@ size is ``x.size // (C*H*W)``. ``im2col`` and ``col2im`` (the backward
 pass's patch matrix and its adjoint) use the same geometry.
 """
 
+import functools
 import types as pytypes
 
 import numpy as np
@@ -83,8 +84,9 @@ def conv2d(x, w, wscale, bias, out, geo, act, algo="igemm", NC=256, KC=256):
     xf, wf, of = x.reshape(-1), w.reshape(-1), out.reshape(-1)
     if C // G == 1 and sh <= 2 and sw <= 2:
         planes = of.size // (OH * OW)
-        _depthwise_padded(xf, wf, wscale, bias, of, geo, act,
-                               max(1, min(planes, 4 * get_num_threads())))
+        Hp, Wp = _padded(geo)
+        _depthwise_padded(xf, wf, wscale, bias, of, geo, act, Hp, Wp,
+                          max(1, min(planes, 4 * get_num_threads())))
     elif C // G == 1:
         _depthwise(xf, wf, wscale, bias, of, geo, act)
     elif algo == "direct" and direct_applies(geo, out.dtype):
@@ -398,9 +400,7 @@ def _direct(x, w, wscale, bias, out, geo, act):
     # weights (G, rows, k), folded scale applied, at least MR rows per group
     # (zero rows past mg: the tiles read MR rows and store mg of them)
     rows = max(mg, mr)
-    wk = np.asarray(w, dtype).reshape(G, mg, k)
-    if wscale.size:
-        wk = wk * wscale.reshape(G, mg, 1)
+    wk = _group_weights(w, wscale, G, mg, k)
     if rows > mg or not wk.flags.c_contiguous:
         a = np.zeros((G, rows, k), dtype)
         a[:, :mg] = wk
@@ -430,21 +430,14 @@ def _direct(x, w, wscale, bias, out, geo, act):
                          bias, act)
     return out
 
-_OFFSETS = {}
-
-
+@functools.lru_cache(maxsize=64)
 def _row_offsets(cg, KH, KW, plane, row, col):
     """Offsets of the K rows of the shifted-plane matrix, (ci, kh, kw) in
-    the weights' order: ``ci * plane + kh * row + kw * col``."""
-    key = (cg, KH, KW, plane, row, col)
-    off = _OFFSETS.get(key)
-    if off is None:
-        if len(_OFFSETS) >= 64:
-            _OFFSETS.clear()
-        off = _OFFSETS[key] = (np.arange(cg, dtype=np.int64)[:, None, None] * plane
-                               + np.arange(KH, dtype=np.int64)[None, :, None] * row
-                               + np.arange(KW, dtype=np.int64)[None, None, :] * col).reshape(-1)
-    return off
+    the weights' order: ``ci * plane + kh * row + kw * col`` (kept: the
+    kernels only read them)."""
+    return (np.arange(cg, dtype=np.int64)[:, None, None] * plane
+            + np.arange(KH, dtype=np.int64)[None, :, None] * row
+            + np.arange(KW, dtype=np.int64)[None, None, :] * col).reshape(-1)
 
 
 @cpu_kernel(parallel=True)
@@ -452,11 +445,18 @@ def _pad_planes(xf, xpad, C, H, W, ph, pw, Wp, plane):
     # C planes (of all the step's images) into the padded planes; interior
     # only: the padding stays the zeros it was allocated with
     for c in prange(C):
-        for ih in range(H):
-            d0 = U(c * plane + (ih + ph) * Wp + pw)
-            s0 = U((c * H + ih) * W)
-            for iw in range(U(W)):
-                xpad[d0 + iw] = xf[s0 + iw]
+        _into_plane(xpad, c * plane + ph * Wp + pw, Wp, xf, c * H * W, H, W)
+
+
+@register_jitable(inline="always")
+def _into_plane(pad, d0, Wp, xf, s0, H, W):
+    """The H x W plane at ``xf[s0:]`` into ``pad`` from ``d0`` on, rows
+    ``Wp`` apart (the interior of a padded plane)."""
+    for ih in range(H):
+        d = U(d0 + ih * Wp)
+        s = U(s0 + ih * W)
+        for iw in range(U(W)):
+            pad[d + iw] = xf[s + iw]
 
 
 @cpu_kernel(parallel=True)
@@ -514,31 +514,18 @@ def _direct_rows_source(mr, nr):
     with the matrix whose row p is ``bbuf[b0 + boff[p]:][q0:q0 + NR]``, in
     MR x NR register tiles down the m rows (the last moved back to end at
     row m; only rows < m stored when m < MR). The k loop is the small-
-    product tile's (see ``linalg._small_rows_source``) with one offset load
-    for B's row."""
+    product tile's (``linalg.tile_lines``) with one offset load for B's
+    row."""
     name = f"direct_rows_{mr}x{nr}"
-    acc = [[f"c{i}_{j}" for j in range(nr)] for i in range(mr)]
     lines = [f"def {name}(abuf, a0, sam, m, bbuf, b0, boff, q0, k, outf, c0, ldc, zero):",
              "    wide()", "    usam = U(sam)", "    ub0 = U(b0) + U(q0)"]
     lines += [f"    s{i} = U{i} * usam" for i in range(1, mr)]
     lines += ["    i0 = 0", "    while i0 < m:", f"        i0 = max(0, min(i0, m - {mr}))"]
-    lines += [f"        {acc[i][j]} = zero" for i in range(mr) for j in range(nr)]
+    lines += [f"        c{i}_{j} = zero" for i in range(mr) for j in range(nr)]
     lines += ["        ap = U(a0) + U(i0) * usam"]
-    lines += ["        for p in range(k):", "            bp = ub0 + U(boff[p])",
-              "            x0 = abuf[ap]"]
-    lines += [f"            x{i} = abuf[ap + s{i}]" for i in range(1, mr)]
-    lines += ["            y0 = bbuf[bp]"]
-    lines += [f"            y{j} = bbuf[bp + U{j}]" for j in range(1, nr)]
-    lines += [f"            {acc[i][j]} += x{i} * y{j}" for i in range(mr) for j in range(nr)]
-    lines += ["            ap += U1"]
-    for i in range(mr):
-        ind = "        "
-        if i:
-            lines.append(f"        if i0 + {i} < m:")
-            ind = "            "
-        lines.append(f"{ind}row = outf[c0 + (i0 + {i}) * ldc + q0:"
-                     f"c0 + (i0 + {i}) * ldc + q0 + {nr}]")
-        lines += [f"{ind}row[{j}] = {acc[i][j]}" for j in range(nr)]
+    lines += _linalg.tile_lines(mr, nr, "        ", head=("bp = ub0 + U(boff[p])",),
+                                tail=("ap += U1",), row="c0 + (i0 + {i}) * ldc + q0",
+                                stored="i0 + {i} < m")
     lines.append(f"        i0 += {mr}")
     return name, "\n".join(lines) + "\n"
 
@@ -565,7 +552,7 @@ def _direct_driver(dtype):
 
 
 @cpu_kernel(parallel=True)
-def _depthwise_padded(xf, wf, wscale, bias, of, geo, act, nchunk):
+def _depthwise_padded(xf, wf, wscale, bias, of, geo, act, Hp, Wp, nchunk):
     # Each plane goes into a zero-padded scratch plane of row pitch Wp, and
     # the stride-1 result is computed at that pitch over the rows the
     # strided output needs (padding columns and, at stride 2, the skipped
@@ -583,11 +570,7 @@ def _depthwise_padded(xf, wf, wscale, bias, of, geo, act, nchunk):
     n_img = xf.size // (C * H * W)
     mult = CO // C
     zero = of.dtype.type(0)
-    # the padded plane holds every position a window reads: "same" padding
-    # of an even window pads one more at the bottom and right than at the
-    # top and left
-    Wp = max(W + 2 * pw, (OW - 1) * sw + (KW - 1) * dw + 1)
-    Hp = max(H + 2 * ph, (OH - 1) * sh + (KH - 1) * dh + 1)
+    # (Hp, Wp: the padded plane, see _padded)
     span = ((OH - 1) * sh + 1) * Wp
     planes = n_img * CO
     for c in prange(nchunk):
@@ -602,11 +585,7 @@ def _depthwise_padded(xf, wf, wscale, bias, of, geo, act, nchunk):
             wb = co * KH * KW
             s = wscale[co] if wscale.size > 0 else of.dtype.type(1)
             b = bias[co] if bias.size > 0 else zero
-            for ih in range(H):
-                d0 = U((ih + ph) * Wp + pw)
-                s0 = U(xb + ih * W)
-                for iw in range(U(W)):
-                    pad[d0 + iw] = xf[s0 + iw]
+            _into_plane(pad, ph * Wp + pw, Wp, xf, xb, H, W)
             if KH == 3 and KW == 3:
                 _taps_3x3(acc, pad, span, wf, wb, s, b, U(dh * Wp), U(dw))
             else:
@@ -776,12 +755,17 @@ def _col2im(colf, geo, gxf):
                         gxf[dst + ow * sw] += colf[src + ow]
 
 
+def _group_weights(w, wscale, G, mg, k):
+    """The weights as (G, mg, k) matrices, each output channel's row times
+    its ``wscale`` (batch norm folded in) when one is given."""
+    wm = w.reshape(G, mg, k)
+    return wm * wscale.reshape(G, mg, 1) if wscale.size else wm
+
+
 def _blas_route(x, w, wscale, bias, out, geo, act):
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
     mg, k, p = CO // G, (C // G) * KH * KW, OH * OW
-    wm = w.reshape(G, mg, k)
-    if wscale.size:
-        wm = wm * wscale.reshape(G, mg, 1)
+    wm = _group_weights(w, wscale, G, mg, k)
     pointwise = KH == 1 and KW == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0
     col = np.empty((1, G, k, p), x.dtype)
     zero = out.dtype.type(0)

@@ -378,27 +378,45 @@ def _small_tile_source(mr, nr):
     right. Row offsets ``i * sam`` written this way let LLVM walk the rows
     with one stride register instead of MR pointers spilled to the stack."""
     name = f"small_{mr}x{nr}"
-    acc = [[f"c{i}_{j}" for j in range(nr)] for i in range(mr)]
     lines = [f"def {name}(abuf, a0, sam, sak, rows, bbuf, b0, sbk, k, outf, c0, ldc, zero):",
              "    wide()"]
-    lines += [f"    {acc[i][j]} = zero" for i in range(mr) for j in range(nr)]
+    lines += [f"    c{i}_{j} = zero" for i in range(mr) for j in range(nr)]
     lines += ["    ap = U(a0)", "    bp = U(b0)", "    usam = U(sam)", "    usak = U(sak)",
               "    usbk = U(sbk)"]
     lines += [f"    s{i} = U{i} * usam" for i in range(1, mr)]
-    lines += ["    for p in range(k):", "        x0 = abuf[ap]"]
-    lines += [f"        x{i} = abuf[ap + s{i}]" for i in range(1, mr)]
-    lines += ["        y0 = bbuf[bp]"]
-    lines += [f"        y{j} = bbuf[bp + U{j}]" for j in range(1, nr)]
-    lines += [f"        {acc[i][j]} += x{i} * y{j}" for i in range(mr) for j in range(nr)]
-    lines += ["        ap += usak", "        bp += usbk"]
-    for i in range(mr):
-        ind = "    "
-        if i:
-            lines.append(f"    if rows > {i}:")
-            ind = "        "
-        lines.append(f"{ind}row = outf[c0 + {i} * ldc:c0 + {i} * ldc + {nr}]")
-        lines += [f"{ind}row[{j}] = {acc[i][j]}" for j in range(nr)]
+    lines += tile_lines(mr, nr, "    ", head=(), tail=("ap += usak", "bp += usbk"),
+                        row="c0 + {i} * ldc", stored="rows > {i}")
     return name, "\n".join(lines) + "\n"
+
+
+def tile_lines(mr, nr, ind, head, tail, row, stored):
+    """Source lines (indented by ``ind``) of an MR x NR register tile's k
+    loop and stores, shared by the generated tiles (here and in
+    :mod:`nbops.cpu.conv`): each k step broadcasts A's MR rows
+    (``abuf[ap + s{i}]``), loads NR contiguous elements of a row of B
+    (``bbuf[bp + U{j}]``) and adds their products into the accumulators
+    ``c{i}_{j}``; ``head`` lines open each step (setting ``bp``), ``tail``
+    lines end it (advancing ``ap``/``bp``). Row i of the tile is stored at
+    ``outf[row:row + NR]`` (``row`` and ``stored`` are format strings of
+    ``i``), for i > 0 only where ``stored`` holds."""
+    inner = ind + "    "
+    lines = [f"{ind}for p in range(k):"]
+    lines += [inner + h for h in head]
+    lines += [f"{inner}x0 = abuf[ap]"]
+    lines += [f"{inner}x{i} = abuf[ap + s{i}]" for i in range(1, mr)]
+    lines += [f"{inner}y0 = bbuf[bp]"]
+    lines += [f"{inner}y{j} = bbuf[bp + U{j}]" for j in range(1, nr)]
+    lines += [f"{inner}c{i}_{j} += x{i} * y{j}" for i in range(mr) for j in range(nr)]
+    lines += [inner + t for t in tail]
+    for i in range(mr):
+        at = ind
+        if i:
+            lines.append(f"{ind}if {stored.format(i=i)}:")
+            at = inner
+        r = row.format(i=i)
+        lines.append(f"{at}row = outf[{r}:{r} + {nr}]")
+        lines += [f"{at}row[{j}] = c{i}_{j}" for j in range(nr)]
+    return lines
 
 
 def _unsigned_scope(n):
