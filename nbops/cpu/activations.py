@@ -2,12 +2,25 @@
 
 Every activation gets kernels for forward and backward, each in a flat form
 (C-contiguous arrays as 1-D, one ``prange`` over elements: LLVM vectorizes it
-at memory speed; plus a serial twin for small arrays), a streamed flat form
-for outputs of ``_memory.STREAM_BYTES`` or more (each thread computes
-blocks of ``STREAM_BLOCK`` elements into a buffer in L1 and writes them out
-with non-temporal line stores, so no output line is read before it is
-written: a third less memory traffic), and a 2-D strided form for views
-(``prange`` over rows).
+at memory speed; plus a serial twin for small arrays), a 2-D strided form
+for views (``prange`` over rows), and, for the formulas of plain arithmetic
+(no transcendental function: relu, leaky_relu, hardswish and the backward
+kernels that take the saved output), a streamed flat form for outputs of
+``_memory.STREAM_BYTES`` or more: each thread computes blocks of
+``STREAM_BLOCK`` elements into a buffer in L1 and writes them out with
+non-temporal line stores, so no output line is read before it is written
+(a third less memory traffic).
+
+Why not stream every formula: the streamed kernel alternates a compute
+phase (the block into L1) with a store phase (the block out to memory), and
+the non-temporal stores of a block stall once the write-combining buffers
+are full, so the two phases do not overlap. That is free when the compute
+phase is short, and costs more than the saved traffic when it is not: at
+16M elements, 2 Zen 4 cores, paired against the flat kernel in one
+process, float64 tanh / elu / silu / sigmoid ran at 70 / 68 / 72 / 79% of a
+copy's bandwidth streamed and 92 / 88 / 93 / 96% flat, float32 tanh 82%
+against 109%, gelu 65% against 80%; relu / leaky_relu / hardswish streamed
+ran at 112-152% against 109-130% flat.
 They differ only in the scalar formula, so one generator builds them all.
 
 Launchers, one per operator, have the signature ``name(x, out, p, c)`` for
@@ -15,12 +28,15 @@ forward kernels and ``name(g, v, out, p, c)`` for backward kernels, with
 ``p``/``c`` the typed parameters and constants of :mod:`nbops._formulas`.
 """
 
+from types import FunctionType
+
 import numpy as np
 from numba import get_num_threads, prange
 from numba.extending import register_jitable
 
 from .. import _formulas, _layout
 from .._jit import FASTMATH_REDUCE, cpu_kernel, serial_and_parallel
+from . import _approx
 from ._memory import LINE, stream_rows, streams
 
 __all__ = list(_formulas.FORWARD + _formulas.BACKWARD) + ["swish_backward_both"]
@@ -36,8 +52,8 @@ def _unary_kernels(name, f):
             for j in range(x.shape[1]):
                 out[r, j] = f(x[r, j], p, c)
 
-    return (*serial_and_parallel(flat, name + "_flat"), _streamed(name, _first_of_two(name, f)),
-            _named(strided, name + "_2d"))
+    streamed = None if transcendental(f) else _streamed(name, _first_of_two(name, f))
+    return (*serial_and_parallel(flat, name + "_flat"), streamed, _named(strided, name + "_2d"))
 
 
 def _first_of_two(name, f):
@@ -63,8 +79,22 @@ def _binary_kernels(name, f):
             for j in range(a.shape[1]):
                 out[r, j] = f(a[r, j], b[r, j], p, c)
 
-    return (*serial_and_parallel(flat, name + "_flat"), _streamed(name, f),
-            _named(strided, name + "_2d"))
+    streamed = None if transcendental(f) else _streamed(name, f)
+    return (*serial_and_parallel(flat, name + "_flat"), streamed, _named(strided, name + "_2d"))
+
+
+def transcendental(f):
+    """Whether the scalar formula ``f`` calls a function of
+    :mod:`nbops.cpu._approx`, itself or through the helpers it calls (found
+    by the names its code reads from its module): such formulas are
+    compute-bound enough that their kernels do not stream (module
+    docstring)."""
+    for name in f.__code__.co_names:
+        obj = f.__globals__.get(name)
+        if obj is _approx or (isinstance(obj, FunctionType) and obj is not f
+                              and transcendental(obj)):
+            return True
+    return False
 
 
 def _streamed(name, f):
@@ -126,7 +156,7 @@ def _launcher(name, kernels):
 
     def launch(*args):
         *inputs, out, p, c = args
-        if streams(out):
+        if streamed is not None and streams(out):
             chunks = 4 * get_num_threads()
 
             def run_flat(ins, o):
