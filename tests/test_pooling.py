@@ -213,9 +213,10 @@ def test_max_pool_nan_and_inf():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_stride_two_rows_of_every_width(dtype):
-    # the stride-2 horizontal pass (max and average) runs in vector blocks of
-    # 16 (float32) or 8 (float64) outputs with a masked last block: widths on
-    # both sides of one, two and four blocks, NaN and infinities at random
+    # the vertical pass over each scratch row (w columns) and the stride-2
+    # horizontal pass (max and average) run in vector blocks of 16 (float32)
+    # or 8 (float64) elements with a masked last block: widths on both sides
+    # of one, two and four blocks, NaN and infinities at random
     rng = np.random.default_rng(3)
     for w in (3, 4, 17, 30, 31, 32, 33, 34, 47, 63, 64, 65, 66, 80):
         x = rng.standard_normal((1, 2, 5, w)).astype(dtype)
