@@ -7,7 +7,10 @@
     python tools/bench_gemm.py --compile-time  # cold compile, in a fresh cache
 
 Prints GFLOP/s (2 m n k per product) and the ratio to NumPy measured in the
-same run: the libraries are interleaved round by round, with a short pause
+same run (for the square stacks of ``--group small`` also a "floor": an
+elementwise ``a + b -> c`` over the same stack, which moves the bytes the
+product must move; its figure is the rate no product of that stack can
+beat on this machine, its ratio the most any kernel can gain over NumPy): the libraries are interleaved round by round, with a short pause
 before each timed block (thread pools that spin would otherwise steal the
 cores), and the median of the rounds counts. On a machine shared with
 other jobs, ``OMP_WAIT_POLICY=passive`` keeps idle OpenMP workers from
@@ -76,10 +79,15 @@ def _cases(group, dtype, rng):
             (1024, 33, 65, 31), (4, 64, 64, 64)]
         for batch, m, n, k in shapes:
             a, b, c = r(batch, m, k), r(batch, k, n), np.empty((batch, m, n), dtype)
-            yield f"batched {batch} x {m}x{n}x{k}", 2 * batch * m * n * k, {
-                "numpy": lambda a=a, b=b, c=c: np.matmul(a, b, out=c),
-                "nbops": lambda a=a, b=b, c=c: nbops.matmul(a, b, out=c, impl="nbops"),
-                "nbops-packed": _packed(a, b, c)}
+            fns = {"numpy": lambda a=a, b=b, c=c: np.matmul(a, b, out=c),
+                   "nbops": lambda a=a, b=b, c=c: nbops.matmul(a, b, out=c, impl="nbops"),
+                   "nbops-packed": _packed(a, b, c)}
+            if m == n == k:
+                # the same bytes through memory and no arithmetic to speak
+                # of: the rate a product of this stack could at most reach
+                # here, and so the most any kernel can gain over NumPy
+                fns["floor(a+b->c)"] = lambda a=a, b=b, c=c: nbops.add(a, b, out=c)
+            yield f"batched {batch} x {m}x{n}x{k}", 2 * batch * m * n * k, fns
     elif group == "gelu":
         for batch in (64, 256):
             x, w, bias = r(batch, 4096), r(4096, 4096), r(4096)
