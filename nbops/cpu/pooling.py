@@ -143,7 +143,7 @@ def _max_rows_kernel(KW, SW, DW):
         neg = x.dtype.type(-np.inf)
         # spare columns past the last window: the stride-2 pass reads whole
         # vectors (see _stride2_windows)
-        size = span + (SPARE if SW == 2 and DW == 1 else 0)
+        size = span + SPARE
         for c in prange(nchunk):
             row = np.empty(size, x.dtype)
             for t in range(pw):
@@ -166,10 +166,10 @@ def _max_rows_kernel(KW, SW, DW):
                     if 0 <= ih < h:
                         src = x[p, ih]
                         if first:  # the first row is copied: no -inf fill
-                            _ROW_COPY(mid, src, cols)
+                            _ROW_COPY_MAX(row, src, pw, cols)
                             first = False
                         else:
-                            _ROW_MAX(mid, src, cols)
+                            _ROW_MAX(row, src, pw, cols)
                 if first:  # no row of the window inside the input
                     for j in range(cols):
                         mid[j] = neg
@@ -193,13 +193,13 @@ def _max_rows_kernel(KW, SW, DW):
     return cpu_kernel(kernel, parallel=True)
 
 
-#: Lanes of one 64-byte vector, the widest that :func:`_stride2_windows`
-#: reads, times two: spare scratch columns past the last window's, so that
-#: its unmasked loads of the last (partial) block stay inside the row. (The
-#: last block may start at output n - 1 and read up to ``2 n + 2 L - 1``
-#: for three columns, L lanes: one element inside a row of ``span + SPARE``
-#: = ``2 n + 1 + 2 L``; two for two columns.)
-SPARE = 2 * 64 // 4
+#: Spare scratch columns past the last window's: three 64-byte vectors of
+#: float32, so that the unmasked loads of :func:`_stride2_windows`' last
+#: (partial) block stay inside the row (that block may start at output
+#: n - 1, at column 2 n - 2, and read three vectors from there: up to
+#: ``2 n + 3 L - 3`` for L lanes, inside a row of ``span + SPARE`` >=
+#: ``2 n + 3 L``), and :func:`_rows_op`'s whole last block too.
+SPARE = 3 * 64 // 4
 
 
 def _stride2_windows(kw, average):
@@ -215,8 +215,9 @@ def _stride2_windows(kw, average):
     The same operations as the scalar loops they replace, so the same
     results; ``row`` must hold ``2 n + SPARE`` elements. Written in LLVM
     IR: a block of L outputs (one 64-byte vector) from two vector loads at
-    ``2 o`` (and for kw = 3 two more at ``2 o + 2``) shuffled into their
-    even and odd columns, the last partial block stored under a mask. LLVM
+    ``2 o`` shuffled into their even and odd columns (for kw = 3 the even
+    ones shifted by one, with a third load), the last partial block stored
+    under a mask. LLVM
     vectorizes a loop only from 64 iterations on (16 lanes, 4 interleaved),
     so the Numba loop over a 56-column ResNet row ran scalar: 0.42 of the
     1.0 ms that max pool 3x3/2 took on [8, 64, 112, 112], and this one
@@ -253,12 +254,11 @@ def _stride2_windows(kw, average):
 
         evens = ir.Constant(ir.VectorType(i32, lanes), [2 * i for i in range(lanes)])
         odds = ir.Constant(ir.VectorType(i32, lanes), [2 * i + 1 for i in range(lanes)])
+        shift = ir.Constant(ir.VectorType(i32, lanes), list(range(1, lanes + 1)))
 
-        def columns(at, which):
-            a, b = (builder.load(builder.bitcast(builder.gep(rp, [builder.add(
+        def load_at(at, k):
+            return builder.load(builder.bitcast(builder.gep(rp, [builder.add(
                 at, ir.Constant(i64, k))]), vt.as_pointer()), align=size)
-                for k in (0, lanes))
-            return builder.shuffle_vector(a, b, which)
 
         def combine(m, v):
             if average:
@@ -276,9 +276,16 @@ def _stride2_windows(kw, average):
 
         def block(o, mask):
             at = builder.mul(o, ir.Constant(i64, 2))
-            m = combine(columns(at, evens), columns(at, odds))
+            a, b = load_at(at, 0), load_at(at, lanes)
+            first = builder.shuffle_vector(a, b, evens)
+            m = combine(first, builder.shuffle_vector(a, b, odds))
             if kw == 3:
-                m = combine(m, columns(builder.add(at, ir.Constant(i64, 2)), evens))
+                # columns 2 o + 2: the even ones shifted by one, the last from
+                # the next vector (loads only at multiples of a vector from
+                # the row's start, where the vertical pass stored: see
+                # _rows_op)
+                c = load_at(at, 2 * lanes)
+                m = combine(m, builder.shuffle_vector(first, c, shift))
             if average:
                 d = builder.fmul(hdiv, vector_at(wp, o, mask))
                 m = builder.select(builder.fcmp_ordered(">", d, ir.Constant(vt, None)),
@@ -314,22 +321,33 @@ _WINDOW_MEAN2 = _stride2_windows(2, True)
 _WINDOW_MEAN3 = _stride2_windows(3, True)
 
 
-def _rows_op(kind):
-    """An intrinsic for the vertical pass over one scratch row: for
-    ``j < n``, ``dst[j] = src[j]`` (``kind`` "copy"), ``dst[j] + src[j]``
-    ("add") or the max of the two, NaN propagating as ``v > m or v != v``
-    with ``v = src[j]``, ``m = dst[j]`` ("max"): the operations of the
-    scalar loops it replaces, so the same results. Written in LLVM IR, one
-    64-byte vector per block and the last partial block under a mask: LLVM
-    vectorizes a Numba loop only from 64 iterations on, so of a 112-column
-    ResNet row 48 columns ran scalar, three times per output row."""
+def _rows_op(kind, neutral):
+    """An intrinsic for the vertical pass into a scratch row:
+    ``op(row, src, pw, cols)`` sets ``row[pw + j]`` for ``j < cols`` to
+    ``src[j]`` (``kind`` "copy"), ``row[pw + j] + src[j]`` ("add") or the max
+    of the two, NaN propagating as ``v > m or v != v`` with ``v = src[j]``
+    ("max"): the operations of the scalar loops it replaces, so the same
+    results. The blocks of ``row`` that this touches are rewritten whole:
+    outside ``[pw, pw + cols)`` they get ``neutral`` (-inf or 0, what the
+    row's padding holds), so ``row`` needs room for ``pw + cols`` rounded up
+    to a 64-byte vector.
 
-    def op(typingctx, dst, src, n):
-        if not (isinstance(dst, types.Array) and isinstance(src, types.Array)
-                and dst.ndim == src.ndim == 1 and dst.layout == src.layout == "C"
-                and dst.dtype == src.dtype and dst.dtype in (types.float32, types.float64)):
+    Written in LLVM IR, a 64-byte vector per block, the src lanes of the
+    first and last blocks loaded under a mask. The blocks start at multiples
+    of a vector from ``row[0]``, not from ``row[pw]``: the horizontal pass
+    (:func:`_stride2_windows`) reads ``row`` in such blocks right after, and
+    a load that straddles two recent stores cannot take its data from the
+    store buffer (3x3/2 with padding 1 ran 20% slower than without). LLVM
+    vectorizes a Numba loop only from 64 iterations on, so of a 112-column
+    ResNet row the scalar loops this replaces left 48 columns scalar."""
+
+    def op(typingctx, row, src, pw, cols):
+        if not (isinstance(row, types.Array) and isinstance(src, types.Array)
+                and row.ndim == src.ndim == 1 and row.layout == src.layout == "C"
+                and row.dtype == src.dtype and row.dtype in (types.float32, types.float64)
+                and isinstance(pw, types.Integer) and isinstance(cols, types.Integer)):
             return None
-        return types.void(dst, src, types.intp), codegen
+        return types.void(row, src, types.intp, types.intp), codegen
 
     def codegen(context, builder, signature, args):
         ety = context.get_value_type(signature.args[0].dtype)
@@ -337,45 +355,56 @@ def _rows_op(kind):
         lanes = 64 // size
         vt = ir.VectorType(ety, lanes)
         i32, i64 = ir.IntType(32), ir.IntType(64)
-        dp = context.make_array(signature.args[0])(context, builder, args[0]).data
+        it = ir.VectorType(i64, lanes)
+        rp = context.make_array(signature.args[0])(context, builder, args[0]).data
         sp = context.make_array(signature.args[1])(context, builder, args[1]).data
+        pw = context.cast(builder, args[2], signature.args[2], types.intp)
+        end = builder.add(pw, context.cast(builder, args[3], signature.args[3], types.intp))
+        fill = ir.Constant(vt, neutral)
+        lane_ids = ir.Constant(it, list(range(lanes)))
 
-        def block(j, mask):
-            ptrs = [builder.bitcast(builder.gep(p, [j]), vt.as_pointer()) for p in (dp, sp)]
-            if mask is None:
-                m, v = (builder.load(q, align=size) for q in ptrs)
-            else:
-                load = masked_op(builder, "load", vt)
-                m, v = (builder.call(load, [q, ir.Constant(i32, size), mask,
-                                            ir.Constant(vt, None)]) for q in ptrs)
-            if kind == "add":
-                v = builder.fadd(m, v)
-            elif kind == "max":
-                take = builder.or_(builder.fcmp_ordered(">", v, m),
-                                   builder.fcmp_unordered("uno", v, v))
-                v = builder.select(take, v, m)
-            if mask is None:
-                builder.store(v, ptrs[0], align=size)
-            else:
-                builder.call(masked_op(builder, "store", vt),
-                             [v, ptrs[0], ir.Constant(i32, size), mask])
+        def src_at(b):
+            # src lanes t - pw of row positions t = b .. b + lanes - 1
+            return builder.bitcast(builder.gep(sp, [builder.sub(b, pw)]), vt.as_pointer())
 
-        n = args[2]
-        full = builder.udiv(n, ir.Constant(i64, lanes))
-        with cgutils.for_range(builder, full) as loop:
-            block(builder.mul(loop.index, ir.Constant(i64, lanes)), None)
-        rest = builder.urem(n, ir.Constant(i64, lanes))
-        with builder.if_then(builder.icmp_unsigned("!=", rest, ir.Constant(i64, 0))):
-            block(builder.mul(full, ir.Constant(i64, lanes)), lane_mask(builder, lanes, rest))
+        def combine(b, v):
+            q = builder.bitcast(builder.gep(rp, [b]), vt.as_pointer())
+            if kind != "copy":
+                m = builder.load(q, align=size)
+                if kind == "add":
+                    v = builder.fadd(m, v)
+                else:
+                    take = builder.or_(builder.fcmp_ordered(">", v, m),
+                                       builder.fcmp_unordered("uno", v, v))
+                    v = builder.select(take, v, m)
+            builder.store(v, q, align=size)
+
+        step = ir.Constant(i64, lanes)
+        nblocks = builder.udiv(builder.add(end, ir.Constant(i64, lanes - 1)), step)
+        with cgutils.for_range(builder, nblocks) as loop:
+            b = builder.mul(loop.index, step)
+            inside = builder.and_(builder.icmp_signed(">=", b, pw),
+                                  builder.icmp_signed("<=", builder.add(b, step), end))
+            with builder.if_else(inside) as (whole, part):
+                with whole:
+                    combine(b, builder.load(src_at(b), align=size))
+                with part:
+                    t = builder.add(splat(builder, it, b), lane_ids)
+                    mask = builder.and_(builder.icmp_signed(">=", t, splat(builder, it, pw)),
+                                        builder.icmp_signed("<", t, splat(builder, it, end)))
+                    v = builder.call(masked_op(builder, "load", vt),
+                                     [src_at(b), ir.Constant(i32, size), mask, fill])
+                    combine(b, v)
         return context.get_dummy_value()
 
     op.__name__ = f"row_{kind}"
     return intrinsic(op)
 
 
-_ROW_COPY = _rows_op("copy")
-_ROW_ADD = _rows_op("add")
-_ROW_MAX = _rows_op("max")
+_ROW_COPY_MAX = _rows_op("copy", -np.inf)   # the max pool's first row (padding -inf)
+_ROW_COPY_SUM = _rows_op("copy", 0.0)       # the average pool's first row (padding 0)
+_ROW_ADD = _rows_op("add", 0.0)
+_ROW_MAX = _rows_op("max", -np.inf)
 
 
 #: Horizontal windows (kw, sw, dw) with a compiled kernel of their own
@@ -439,7 +468,7 @@ def _avg_rows_kernel(KW, SW):
         items = planes * oh_n
         zero = x.dtype.type(0)
         for c in prange(nchunk):
-            row = np.zeros(span + (SPARE if SW == 2 else 0), x.dtype)
+            row = np.zeros(span + SPARE, x.dtype)
             mid = row[pw:pw + cols]
             wdiv = np.empty(ow_n, x.dtype)  # column factor of each divisor
             for o in range(ow_n):
@@ -463,9 +492,9 @@ def _avg_rows_kernel(KW, SW):
                 for ih in range(h0, h1):
                     src = x[p, ih]
                     if ih == h0:
-                        _ROW_COPY(mid, src, cols)
+                        _ROW_COPY_SUM(row, src, pw, cols)
                     else:
-                        _ROW_ADD(mid, src, cols)
+                        _ROW_ADD(row, src, pw, cols)
                 dst = out[p, oh]
                 if SW == 2:
                     if KW == 3:
