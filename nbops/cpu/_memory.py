@@ -16,7 +16,10 @@ needs: here a copy with non-temporal stores ran 1.9x faster than the same
 copy with ordinary ones. The written lines bypass the caches, so only
 outputs much larger than the last-level cache should be streamed
 (:data:`STREAM_BYTES`): a consumer reading a small output straight after
-would find it in memory instead of in L2/L3.
+would find it in memory instead of in L2/L3. Nor do compute-bound kernels
+gain: a kernel that computes a block into L1 and then streams it out does
+not overlap the two, which cost more than the saved traffic where the
+arithmetic per element is long (see :mod:`nbops.cpu.activations`).
 """
 
 from llvmlite import ir
