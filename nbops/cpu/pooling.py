@@ -120,6 +120,21 @@ def _chunks(out):
 # Forward kernels
 
 
+@register_jitable(inline="always")
+def _item_before(i0, oh_n):
+    """(plane, output row - 1) of item ``i0`` of the (plane, output row)
+    sequence: :func:`_next_item` steps onto it. The items of a chunk are
+    counted along, not divided out per row."""
+    p = i0 // oh_n
+    return p, i0 - p * oh_n - 1
+
+
+@register_jitable(inline="always")
+def _next_item(p, oh, oh_n):
+    oh += 1
+    return (p + 1, 0) if oh == oh_n else (p, oh)
+
+
 def _max_rows_kernel(KW, SW, DW):
     """The separable max pool, with the horizontal window (kw, sw, dw) fixed
     at compile time when ``KW`` > 0 (the strided horizontal pass then
@@ -152,14 +167,9 @@ def _max_rows_kernel(KW, SW, DW):
                 row[t] = neg
             mid = row[pw:pw + cols]
             i0 = c * items // nchunk
-            # (plane, row) of the item counted along, not divided out per row
-            p = i0 // oh_n
-            oh = i0 - p * oh_n - 1
+            p, oh = _item_before(i0, oh_n)
             for _ in range(i0, (c + 1) * items // nchunk):
-                oh += 1
-                if oh == oh_n:
-                    oh = 0
-                    p += 1
+                p, oh = _next_item(p, oh, oh_n)
                 first = True
                 for i in range(kh):
                     ih = oh * sh - ph + i * dh
@@ -226,9 +236,7 @@ def _stride2_windows(kw, average):
     def typer(typingctx, dst, row, n, *rest):
         # 1-D C-contiguous arrays only: the code reads the data pointers
         # and ignores strides
-        if not (isinstance(dst, types.Array) and isinstance(row, types.Array)
-                and dst.ndim == row.ndim == 1 and dst.layout == row.layout == "C"
-                and dst.dtype == row.dtype and dst.dtype in (types.float32, types.float64)):
+        if not _float_rows(dst, row):
             return None
         args = (dst, row, types.intp)
         if average:
@@ -240,13 +248,8 @@ def _stride2_windows(kw, average):
         return types.void(*args), _codegen
 
     def _codegen(context, builder, signature, args):
-        ety = context.get_value_type(signature.args[0].dtype)
-        size = context.get_abi_sizeof(ety)
-        lanes = 64 // size
-        vt = ir.VectorType(ety, lanes)
+        size, lanes, vt, (dp, rp) = _vector_rows(context, builder, signature, args)
         i32, i64 = ir.IntType(32), ir.IntType(64)
-        dp = context.make_array(signature.args[0])(context, builder, args[0]).data
-        rp = context.make_array(signature.args[1])(context, builder, args[1]).data
         n = args[2]
         if average:
             wp = context.make_array(signature.args[3])(context, builder, args[3]).data
@@ -315,6 +318,24 @@ def _stride2_windows(kw, average):
     return intrinsic(window_max)
 
 
+def _float_rows(a, b):
+    """Typing check of the row intrinsics: two 1-D C-contiguous arrays of
+    one float dtype (the code reads their data pointers, not strides)."""
+    return (isinstance(a, types.Array) and isinstance(b, types.Array)
+            and a.ndim == b.ndim == 1 and a.layout == b.layout == "C"
+            and a.dtype == b.dtype and a.dtype in (types.float32, types.float64))
+
+
+def _vector_rows(context, builder, signature, args):
+    """``(itemsize, lanes, vector type, (data pointers))`` of the row
+    intrinsics' two array arguments, for 64-byte vectors."""
+    ety = context.get_value_type(signature.args[0].dtype)
+    size = context.get_abi_sizeof(ety)
+    pointers = tuple(context.make_array(signature.args[i])(context, builder, args[i]).data
+                     for i in (0, 1))
+    return size, 64 // size, ir.VectorType(ety, 64 // size), pointers
+
+
 _WINDOW_MAX2 = _stride2_windows(2, False)
 _WINDOW_MAX3 = _stride2_windows(3, False)
 _WINDOW_MEAN2 = _stride2_windows(2, True)
@@ -342,22 +363,15 @@ def _rows_op(kind, neutral):
     ResNet row the scalar loops this replaces left 48 columns scalar."""
 
     def op(typingctx, row, src, pw, cols):
-        if not (isinstance(row, types.Array) and isinstance(src, types.Array)
-                and row.ndim == src.ndim == 1 and row.layout == src.layout == "C"
-                and row.dtype == src.dtype and row.dtype in (types.float32, types.float64)
-                and isinstance(pw, types.Integer) and isinstance(cols, types.Integer)):
+        if not (_float_rows(row, src) and isinstance(pw, types.Integer)
+                and isinstance(cols, types.Integer)):
             return None
         return types.void(row, src, types.intp, types.intp), codegen
 
     def codegen(context, builder, signature, args):
-        ety = context.get_value_type(signature.args[0].dtype)
-        size = context.get_abi_sizeof(ety)
-        lanes = 64 // size
-        vt = ir.VectorType(ety, lanes)
+        size, lanes, vt, (rp, sp) = _vector_rows(context, builder, signature, args)
         i32, i64 = ir.IntType(32), ir.IntType(64)
         it = ir.VectorType(i64, lanes)
-        rp = context.make_array(signature.args[0])(context, builder, args[0]).data
-        sp = context.make_array(signature.args[1])(context, builder, args[1]).data
         pw = context.cast(builder, args[2], signature.args[2], types.intp)
         end = builder.add(pw, context.cast(builder, args[3], signature.args[3], types.intp))
         fill = ir.Constant(vt, neutral)
@@ -475,14 +489,9 @@ def _avg_rows_kernel(KW, SW):
                 w0, w1, wcount = _avg_window(o, sw_, pw, kw_, w)
                 wdiv[o] = 1 if divisor > 0 else (wcount if include_pad else w1 - w0)
             i0 = c * items // nchunk
-            # (plane, row) of the item counted along, not divided out per row
-            p = i0 // oh_n
-            oh = i0 - p * oh_n - 1
+            p, oh = _item_before(i0, oh_n)
             for _ in range(i0, (c + 1) * items // nchunk):
-                oh += 1
-                if oh == oh_n:
-                    oh = 0
-                    p += 1
+                p, oh = _next_item(p, oh, oh_n)
                 h0, h1, hcount = _avg_window(oh, sh, ph, kh, h)
                 hdiv = x.dtype.type(divisor if divisor > 0 else
                                     (hcount if include_pad else h1 - h0))
