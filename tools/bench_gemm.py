@@ -10,7 +10,8 @@ Prints GFLOP/s (2 m n k per product) and the ratio to NumPy measured in the
 same run (for the square stacks of ``--group small`` also a "floor": an
 elementwise ``a + b -> c`` over the same stack, which moves the bytes the
 product must move; its figure is the rate no product of that stack can
-beat on this machine, its ratio the most any kernel can gain over NumPy): the libraries are interleaved round by round, with a short pause
+beat on this machine, its ratio the most any kernel can gain over NumPy):
+the libraries are interleaved round by round, with a short pause
 before each timed block (thread pools that spin would otherwise steal the
 cores), and the median of the rounds counts. On a machine shared with
 other jobs, ``OMP_WAIT_POLICY=passive`` keeps idle OpenMP workers from

@@ -23,6 +23,13 @@ against 109%, gelu 65% against 80%; relu / leaky_relu / hardswish streamed
 ran at 112-152% against 109-130% flat.
 They differ only in the scalar formula, so one generator builds them all.
 
+Every kernel here is compiled with LLVM's SLP vectorizer off: the loop
+vectorizer does their work, and SLP, packing a scalar loop's independent
+multiplies into short vectors, kept them from fusing with their adds. The
+scalar loop runs where the output aliases the input (``out=x``: the vector
+loop's overlap check fails), so an in-place gelu differed from the same
+gelu out of place in the last bit of 188 of 4096 float32 results.
+
 Launchers, one per operator, have the signature ``name(x, out, p, c)`` for
 forward kernels and ``name(g, v, out, p, c)`` for backward kernels, with
 ``p``/``c`` the typed parameters and constants of :mod:`nbops._formulas`.
@@ -146,14 +153,6 @@ def _named(fn, name):
     # a unique qualname gives each generated kernel its own on-disk cache entry
     fn.__name__ = fn.__qualname__ = name
     return cpu_kernel(fn, parallel=True, slp=False)
-
-
-# Every kernel here is compiled with LLVM's SLP vectorizer off: the loop
-# vectorizer does their work, and SLP, packing a scalar loop's independent
-# multiplies into short vectors, kept them from fusing with their adds. The
-# scalar loop runs where the output aliases the input (``out=x``: the
-# vector loop's overlap check fails), so an in-place gelu differed from the
-# same gelu out of place in the last bit of 188 of 4096 float32 results.
 
 
 #: Below this many elements a contiguous input runs on the calling thread:

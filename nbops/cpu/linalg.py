@@ -68,6 +68,7 @@ from .. import _formulas
 from .._jit import FASTMATH_REDUCE, cpu_kernel
 from .._runtime import _blas_threads
 from . import activations as _activations  # noqa: F401  (makes the formulas jittable)
+from ._memory import LINE
 from ._memory import prefetch as _prefetch
 
 __all__ = ["gemm", "gemm_blas"]
@@ -82,10 +83,6 @@ EPILOGUES = ("none",) + _formulas.FORWARD
 #: time here, 8x16 at 141, 16x16 at 166 with twice the A broadcasts).
 TILES = {np.dtype(np.float32): (8, 32), np.dtype(np.float64): (8, 16)}
 
-#: Elements per cache line of float32 (twice what a float64 line holds: a
-#: float64 run is requested every other line, which the adjacent-line
-#: prefetcher completes).
-PREFETCH_STEP = 16
 #: Rows of B ahead that the row-by-row packing requests.
 PREFETCH_ROWS = 8
 
@@ -191,7 +188,7 @@ def _pack_b_sliver(bbuf, off, sbk, sbn, kc, nc, jr, nr, bpack, zero):
             src = src0 + j * sbn
             # the next column's run, requested now: a run of a few lines is
             # too short for the hardware prefetcher to pick up from memory
-            for q in range(0, kc, PREFETCH_STEP):
+            for q in range(0, kc, LINE // bbuf.itemsize):
                 _prefetch(bbuf, src + sbn + q, 0)
             for p in range(kc):
                 sliver[p, j] = bbuf[src + p]
