@@ -45,6 +45,8 @@ from .. import _formulas, _layout
 from .._jit import FASTMATH_REDUCE, cpu_kernel, serial_and_parallel
 from . import _approx
 from ._memory import LINE, stream_rows, streams
+from . import _piecewise
+from ._piecewise import softplus_run
 
 __all__ = list(_formulas.FORWARD + _formulas.BACKWARD) + ["swish_backward_both"]
 
@@ -59,9 +61,28 @@ def _unary_kernels(name, f):
             for j in range(x.shape[1]):
                 out[r, j] = f(x[r, j], p, c)
 
-    streamed = None if transcendental(f) else _streamed(name, _first_of_two(name, f))
-    return (*serial_and_parallel(flat, name + "_flat", slp=False), streamed,
-            _named(strided, name + "_2d"))
+    kernels = (*serial_and_parallel(flat, name + "_flat", slp=False),
+               None if transcendental(f) else _streamed(name, _first_of_two(name, f)),
+               _named(strided, name + "_2d"))
+    if name == "softplus" and _piecewise.host_available():
+        return _with_runs(name, f, kernels)
+    return kernels
+
+
+def _with_runs(name, f, kernels):
+    """``kernels`` with flat kernels for float64 that go through
+    ``_piecewise.softplus_run`` (the launcher picks them by dtype)."""
+    def flat_run(x, out, p, c):
+        inv = x.dtype.type(1.0) / p[0]
+        n = x.size
+        for b in prange((n + RUN_BLOCK - 1) // RUN_BLOCK):
+            i0 = b * RUN_BLOCK
+            i1 = min(i0 + RUN_BLOCK, n)
+            # all whole vectors; the last block's remainder here
+            for i in range(softplus_run(x, out, i0, i1, p[0], inv, p[1]), i1):
+                out[i] = f(x[i], p, c)
+
+    return kernels + serial_and_parallel(flat_run, name + "_run", slp=False)
 
 
 def _first_of_two(name, f):
@@ -128,6 +149,9 @@ def _streamed(name, f):
     return _named(streamed, name + "_stream")
 
 
+#: Elements per task of the kernels with a vector run (softplus).
+RUN_BLOCK = 4096
+
 #: Elements per block of the streamed kernels (8-16 KiB: L1-resident).
 STREAM_BLOCK = 2048
 
@@ -161,11 +185,16 @@ SERIAL_BELOW = 32768
 
 
 def _launcher(name, kernels):
-    serial, parallel, streamed, strided = kernels
+    serial, parallel, streamed, strided, *runs = kernels
 
     def launch(*args):
         *inputs, out, p, c = args
-        if streamed is not None and streams(out):
+        if runs and out.dtype == np.float64:
+            serial_run, parallel_run = runs
+
+            def run_flat(ins, o):
+                (serial_run if o.size < SERIAL_BELOW else parallel_run)(*ins, o, p, c)
+        elif streamed is not None and streams(out):
             chunks = 4 * get_num_threads()
 
             def run_flat(ins, o):
