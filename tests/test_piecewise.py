@@ -8,7 +8,7 @@ from numba import njit
 
 import nbops
 from nbops.cpu import _piecewise
-from nbops.cpu._piecewise import LANES, TABLE_END, softplus_run
+from nbops.cpu._piecewise import LANES, TABLE_END, vector_run
 from test_approx import LD_OK, f64_samples, ulp_errors
 
 LD = np.longdouble
@@ -22,7 +22,7 @@ BOUND = 2.0
 
 @njit(error_model="numpy")
 def _run(x, out, beta, threshold):
-    return softplus_run(x, out, 0, x.size, beta, 1.0 / beta, threshold)
+    return vector_run("softplus", x, out, 0, x.size, beta, threshold, 1.0 / beta)
 
 
 def reference(x, beta=1.0, threshold=20.0):

@@ -68,7 +68,8 @@ The fits
     of degree 14 in t = a - (j + 1/2) per interval, relative error, each
     fitted by :func:`minimax` (Chebyshev interpolation gives 1.3e-17 at
     j = 0, degree 14; degree 13 only 1.9e-16). Centred, so that Horner's
-    partial sums stay within e^(1/2) of the value (1 at j = 0).
+    partial sums stay within e^(1/2) of the value (1 at j = 0). Run by
+    name only (``python tools/fit_approx.py softplus64``).
 """
 
 import sys

@@ -10,22 +10,29 @@ lanes at once from a 16-entry table held in two registers, and a permute
 issues beside the FMAs. LLVM never emits it from scalar code (a table
 lookup in a loop becomes a gather, which its cost model rejects, and the
 loop runs scalar), so the code here is written as LLVM IR for whole
-vectors, behind an ``@intrinsic``.
+vectors, behind one ``@intrinsic``, :func:`vector_run`, for each kind:
 
-:func:`softplus_run` is the one user so far: ``log1p(exp(-a))`` for
-``a = |beta x|`` in [0, 16), one degree-14 polynomial per interval
-``[j, j + 1)``: 15 permutes and 14 FMAs a vector, against 34 FMAs and 8
-other operations; a vector with a lane past 16 (or NaN) takes an
-exponential and three terms of log1p's series for those lanes. Where the
-target lacks AVX-512 (``avx512f`` and ``avx512dq``: Numba compiles for
-the host CPU unless ``NUMBA_CPU_NAME`` says otherwise), or for float32
-(whose ``_approx`` kernel already runs at memory speed), the kernels keep
-the general formula (:func:`host_available` tells them).
+* ``"softplus"``: ``log1p(exp(-a))`` for ``a = |beta x|`` in [0, 16), one
+  degree-14 polynomial per interval ``[j, j + 1)``: 15 permutes and 14
+  FMAs a vector, against 34 FMAs and 8 other operations; a vector with a
+  lane past 16 (or NaN) takes an exponential and three terms of log1p's
+  series for those lanes.
 
-Accuracy: the polynomials' approximation error is at most 1.3e-17
+Where the target lacks AVX-512 (``avx512f`` and ``avx512dq``: Numba
+compiles for the host CPU unless ``NUMBA_CPU_NAME`` says otherwise), or for
+float32 (whose ``_approx`` kernels already run at memory speed), the
+kernels keep the general formulas (:func:`host_available` tells them).
+
+Not everything gains: gelu's ``Phi(-a) = exp(-a^2/2) M(a)`` with M from a
+degree-15 table in place of ``_approx.ndtr``'s rational of degrees 10/11
+and its division was 8-17% slower in cache and 0.64x in the 16M bench
+(the exponential stays, and 16 permutes cost more than 6 FMAs and a
+division); not kept.
+
+Accuracy: the polynomials' approximation error is at most 1.2e-16
 relative (``tools/fit_approx.py softplus64``, which generated the table
-below); measured end to end against an mpmath reference, 1.47 ulp
-(``tests/test_piecewise.py``; the ``_approx`` formula: 2.03).
+below); measured end to end against long double references
+(``tests/test_piecewise.py``): 1.47 ulp (the ``_approx`` formula: 2.03).
 """
 
 from llvmlite import ir
@@ -34,12 +41,12 @@ from numba.extending import intrinsic
 
 from . import _approx
 
-__all__ = ["softplus_run", "available", "host_available", "LANES", "TABLE_END"]
+__all__ = ["vector_run", "available", "host_available", "KINDS", "LANES", "TABLE_END"]
 
 #: float64 lanes of one vector (one zmm register).
 LANES = 8
 
-#: softplus's table covers |beta x| below this: 16 intervals of width 1.
+#: The tables cover arguments below this: 16 intervals of width 1.
 TABLE_END = 16.0
 
 
@@ -56,47 +63,50 @@ def host_available():
     return available(cpu_target.target_context)
 
 
-@intrinsic
-def softplus_run(typingctx, x, out, start, stop, beta, inv_beta, threshold):
-    """``out[i] = softplus(x[i])`` for the whole vectors of ``LANES``
-    elements in ``[start, stop)``, as ``nbops._formulas.softplus`` defines
-    it: ``x`` where ``beta x > threshold``, else ``log1p(exp(beta x)) *
-    inv_beta``; returns the end of the last whole vector, where the caller
-    takes over for the rest (fewer than ``LANES`` elements).
+@intrinsic(prefer_literal=True)
+def vector_run(typingctx, kind, x, out, start, stop, p0, p1, inv_p0):
+    """``out[i] = f(x[i])`` for the whole vectors of ``LANES`` elements in
+    ``[start, stop)``, f as :mod:`nbops._formulas` defines the activation
+    ``kind`` (a string literal, one of :data:`KINDS`) with parameters
+    ``(p0, p1)`` and ``inv_p0 = 1 / p0`` (softplus: beta, threshold and
+    1/beta). Returns the end of the last whole vector,
+    where the caller takes over for the rest (fewer than ``LANES``).
 
     ``x``, ``out``: 1-D C-contiguous float64 arrays (the same array for in
     place: each vector is loaded before it is stored); ``start``, ``stop``
     within both. Other dtypes, or a target without AVX-512 (see
     :func:`available`): returns ``start`` and writes nothing."""
-    scalars = (beta, inv_beta, threshold)
-    if not (isinstance(x, types.Array) and isinstance(out, types.Array)
+    scalars = (p0, p1, inv_p0)
+    if not (isinstance(kind, types.StringLiteral) and kind.literal_value in KINDS
+            and isinstance(x, types.Array) and isinstance(out, types.Array)
             and x.ndim == out.ndim == 1 and x.layout == out.layout == "C"
             and x.dtype == out.dtype and isinstance(x.dtype, types.Float)
             and all(isinstance(s, types.Float) for s in scalars)):
         return None
-    sig = types.intp(x, out, types.intp, types.intp, *scalars)
+    sig = types.intp(kind, x, out, types.intp, types.intp, *scalars)
+    name = kind.literal_value
 
     def codegen(context, builder, signature, args):
         if x.dtype != types.float64 or not available(context):
-            return args[2]
-        args = list(args[:4]) + [context.cast(builder, v, t, types.float64)
-                                 for v, t in zip(args[4:], scalars)]
-        return _softplus_codegen(context, builder, signature, args)
+            return args[3]
+        xa, oa = (context.make_array(t)(context, builder, v)
+                  for t, v in zip(signature.args[1:3], args[1:3]))
+        params = [context.cast(builder, v, t, types.float64) for v, t in zip(args[5:], scalars)]
+        # the loop is a function of its own, not inlined: in the caller's
+        # body, beside the formula's loop, it lost the table's addresses
+        # from registers (101 instructions a vector instead of 69, 20% slower)
+        fn = _run_function(builder.module, name, KINDS[name])
+        return builder.call(fn, [xa.data, oa.data, args[3], args[4], *params])
 
     return sig, codegen
 
 
-def _softplus_codegen(context, builder, signature, args):
-    # the loop is a function of its own, not inlined: in the caller's body,
-    # beside the formula's loop, it lost the table's addresses from
-    # registers (101 instructions a vector instead of 69, 20% slower)
-    xa = context.make_array(signature.args[0])(context, builder, args[0])
-    oa = context.make_array(signature.args[1])(context, builder, args[1])
-    return builder.call(_softplus_function(builder.module), [xa.data, oa.data, *args[2:]])
-
-
-def _softplus_function(module):
-    name = "nbops_piecewise_softplus_f64"
+def _run_function(module, kind, vector):
+    """The LLVM function ``i64 (double* x, double* out, i64 start, i64 stop,
+    double p0, double p1, double inv_p0)`` of :func:`vector_run`: its loop
+    over whole vectors, each computed by ``vector(builder, v, params)``
+    (which may add blocks, and leaves the builder in the last)."""
+    name = f"nbops_piecewise_{kind}_f64"
     if name in module.globals:
         return module.globals[name]
     i64 = ir.IntType(64)
@@ -104,13 +114,12 @@ def _softplus_function(module):
                                                    _D, _D, _D]), name)
     fn.linkage = "internal"
     fn.attributes.add("noinline")
-    xp, op, start, stop, beta, inv_beta, threshold = fn.args
+    xp, op, start, stop, *params = fn.args
     builder = ir.IRBuilder(fn.append_basic_block("entry"))
     lanes = ir.Constant(i64, LANES)
-    vbeta, vinv, vthr = (_splat(builder, v) for v in (beta, inv_beta, threshold))
+    params = [_splat(builder, v) for v in params]
     entry = builder.block
-    head, body, tail, join, done = (fn.append_basic_block(n)
-                                    for n in ("head", "body", "tail", "join", "done"))
+    head, body, done = (fn.append_basic_block(n) for n in ("head", "body", "done"))
     builder.branch(head)
 
     builder.position_at_end(head)
@@ -120,34 +129,8 @@ def _softplus_function(module):
 
     builder.position_at_end(body)
     v = builder.load(_vector_at(builder, xp, i), align=8)
-    z = builder.fmul(v, vbeta)
-    a = _call(builder, "llvm.fabs.v8f64", z)
-    inside = builder.fcmp_ordered("<", a, _const(TABLE_END))
-    # lanes outside the table evaluate interval 0, whatever their value
-    j = builder.fptosi(builder.select(inside, a, _const(0.0)), _VI)
-    # exact for j >= 1; for j = 0 within half an ulp of 1/2, which moves
-    # the result by at most 0.2 ulp
-    t = builder.fsub(a, builder.fadd(builder.sitofp(j, _V), _const(0.5)))
-    g_table = _piecewise(builder, _SOFTPLUS_COLUMNS, j, t)
-    all_inside = builder.icmp_unsigned("==", builder.bitcast(inside, ir.IntType(LANES)),
-                                       ir.Constant(ir.IntType(LANES), -1))
-    builder.cbranch(all_inside, join, tail)
-
-    # a vector with a lane past the table (or NaN): rare in activations
-    builder.position_at_end(tail)
-    g_tail = builder.select(inside, g_table, _log1p_exp_far(builder, a))
-    builder.branch(join)
-
-    builder.position_at_end(join)
-    g = builder.phi(_V)
-    g.add_incoming(g_table, body)
-    g.add_incoming(g_tail, tail)
-    # max(z, 0) + g, times 1/beta; x itself past the threshold
-    zpos = builder.fcmp_ordered(">", z, _const(0.0))
-    soft = builder.fmul(builder.select(zpos, builder.fadd(z, g), g), vinv)
-    linear = builder.fcmp_ordered(">", z, vthr)
-    builder.store(builder.select(linear, v, soft), _vector_at(builder, op, i), align=8)
-    i.add_incoming(builder.add(i, lanes), join)
+    builder.store(vector(builder, v, params), _vector_at(builder, op, i), align=8)
+    i.add_incoming(builder.add(i, lanes), builder.block)
     builder.branch(head)
 
     builder.position_at_end(done)
@@ -155,33 +138,93 @@ def _softplus_function(module):
     return fn
 
 
+def _softplus(builder, v, params):
+    beta, threshold, inv_beta = params
+    z = builder.fmul(v, beta)
+    a = _call(builder, "llvm.fabs.v8f64", z)
+    inside, g = _table(builder, _SOFTPLUS_COLUMNS, a)
+    g = _unless_all(builder, inside, g, lambda: _log1p_exp_far(builder, a))
+    # max(z, 0) + g, times 1/beta; x itself past the threshold
+    zpos = builder.fcmp_ordered(">", z, _const(0.0))
+    soft = builder.fmul(builder.select(zpos, builder.fadd(z, g), g), inv_beta)
+    return builder.select(builder.fcmp_ordered(">", z, threshold), v, soft)
+
+
+#: kind -> the code of one vector
+KINDS = {"softplus": _softplus}
+
+
+def _table(builder, columns, a):
+    """``(a < TABLE_END, p(a))``: the piecewise polynomial at ``a >= 0``,
+    interval 0's for lanes past the table (whatever their value)."""
+    inside = builder.fcmp_ordered("<", a, _const(TABLE_END))
+    j = builder.fptosi(builder.select(inside, a, _const(0.0)), _VI)
+    # exact for j >= 1; for j = 0 within half an ulp of 1/2, which moves
+    # the result by at most 0.2 ulp
+    t = builder.fsub(a, builder.fadd(builder.sitofp(j, _V), _const(0.5)))
+    return inside, _piecewise(builder, columns, j, t)
+
+
+def _unless_all(builder, mask, value, other):
+    """``value`` where every lane of ``mask`` is set (no other code runs),
+    else ``select(mask, value, other())``: ``other`` only for the vectors
+    that need it (rare in activations: a lane past the table, or NaN)."""
+    rest = builder.append_basic_block("rest")
+    join = builder.append_basic_block("join")
+    before = builder.block
+    every = builder.icmp_unsigned("==", builder.bitcast(mask, ir.IntType(LANES)),
+                                  ir.Constant(ir.IntType(LANES), -1))
+    builder.cbranch(every, join, rest)
+    builder.position_at_end(rest)
+    mixed = builder.select(mask, value, other())
+    rest_end = builder.block
+    builder.branch(join)
+    builder.position_at_end(join)
+    result = builder.phi(_V)
+    result.add_incoming(value, before)
+    result.add_incoming(mixed, rest_end)
+    return result
+
+
 def _log1p_exp_far(builder, a):
     """log1p(exp(-a)) for a >= TABLE_END (NaN -> NaN): with e = exp(-a) <=
-    1.2e-7, e - e^2/2 + e^3/3 (the next term is 1e-21 of e). The exponential
-    as in :func:`nbops.cpu._approx.exp`: a - n ln2 = r, expm1(r) by its
-    polynomial, 2^n as two normal factors so that results below the normal
-    range round once (down to 0 past a = 745.2)."""
+    1.2e-7, e - e^2/2 + e^3/3 (the next term is 1e-21 of e)."""
+    lo = _const(_APPROX64["EXP_LO"])
+    w = builder.select(builder.fcmp_ordered(">", a, builder.fneg(lo)), lo, builder.fneg(a))
+    em1, s1, s2 = _exp_parts(builder, w, _const(0.0))
+    e = builder.fmul(_fma(builder, em1, s1, s1), s2)
+    h = _fma(builder, builder.fneg(e), _const(1.0 / 3.0), _const(0.5))
+    return _fma(builder, builder.fneg(builder.fmul(e, e)), h, e)
+
+
+def _exp_parts(builder, hi, lo):
+    """exp(hi + lo) = (1 + em1) s1 s2 as ``(em1, s1, s2)``, the operations
+    of :func:`nbops.cpu._approx._exp_sum`: hi - n ln2 = r, expm1(r) by its
+    polynomial, 2^n as two normal factors so that a result below the
+    normal range rounds once (down to 0 past 745.2)."""
     k = _APPROX64
-    fma = lambda p, q, r: _call(builder, "llvm.fma.v8f64", p, q, r)
-    w = builder.fneg(builder.select(builder.fcmp_ordered(">", a, _const(-k["EXP_LO"])),
-                                    _const(-k["EXP_LO"]), a))
-    shifted = fma(w, _const(k["LOG2E"]), _const(k["SHIFT"]))
-    n = builder.fsub(shifted, _const(k["SHIFT"]))
-    r = fma(n, _const(-k["LN2_HI"]), w)
-    r = fma(n, _const(-k["LN2_LO"]), r)
-    q = None
-    for c in reversed(_approx._EXP64):
-        q = _const(c) if q is None else fma(q, r, _const(c))
-    em1 = fma(builder.fmul(r, r), q, r)
+    shifted = _fma(builder, builder.fadd(hi, lo), _const(k["LOG2E"]), _const(k["SHIFT"]))
+    n = builder.fneg(builder.fsub(shifted, _const(k["SHIFT"])))
+    r = _fma(builder, n, _const(k["LN2_HI"]), hi)
+    r = builder.fadd(r, _fma(builder, n, _const(k["LN2_LO"]), lo))
+    em1 = _fma(builder, builder.fmul(r, r), _horner(builder, _approx._EXP64, r), r)
     # n from the low bits of the shifted sum, both halves' exponents biased
-    nb = builder.sub(builder.bitcast(shifted, _VI),
-                     _ivec(k["SHIFT_BITS"] - 2 * k["BIAS"]))
+    nb = builder.sub(builder.bitcast(shifted, _VI), _ivec(k["SHIFT_BITS"] - 2 * k["BIAS"]))
     n1 = builder.ashr(nb, _ivec(1))
     s1 = builder.bitcast(builder.shl(n1, _ivec(52)), _V)
     s2 = builder.bitcast(builder.shl(builder.sub(nb, n1), _ivec(52)), _V)
-    e = builder.fmul(fma(em1, s1, s1), s2)
-    h = fma(builder.fneg(e), _const(1.0 / 3.0), _const(0.5))
-    return fma(builder.fneg(builder.fmul(e, e)), h, e)
+    return em1, s1, s2
+
+
+def _horner(builder, coefs, x):
+    acc = None
+    for c in reversed(coefs):
+        acc = _const(c) if acc is None else _fma(builder, acc, x, _const(c))
+    return acc
+
+
+def _fma(builder, a, b, c):
+    return _call(builder, "llvm.fma.v8f64", a, b, c)
 
 
 def _piecewise(builder, columns, j, t):
@@ -190,7 +233,7 @@ def _piecewise(builder, columns, j, t):
     acc = None
     for lo, hi in reversed(columns):
         c = _call(builder, "llvm.x86.avx512.vpermi2var.pd.512", lo, j, hi, types=(_V, _VI, _V))
-        acc = c if acc is None else _call(builder, "llvm.fma.v8f64", acc, t, c)
+        acc = c if acc is None else _fma(builder, acc, t, c)
     return acc
 
 

@@ -46,7 +46,7 @@ from .._jit import FASTMATH_REDUCE, cpu_kernel, serial_and_parallel
 from . import _approx
 from ._memory import LINE, stream_rows, streams
 from . import _piecewise
-from ._piecewise import softplus_run
+from ._piecewise import vector_run
 
 __all__ = list(_formulas.FORWARD + _formulas.BACKWARD) + ["swish_backward_both"]
 
@@ -64,14 +64,14 @@ def _unary_kernels(name, f):
     kernels = (*serial_and_parallel(flat, name + "_flat", slp=False),
                None if transcendental(f) else _streamed(name, _first_of_two(name, f)),
                _named(strided, name + "_2d"))
-    if name == "softplus" and _piecewise.host_available():
-        return _with_runs(name, f, kernels)
+    if name in _piecewise.KINDS and _piecewise.host_available():
+        return kernels + _run_kernels(name, f)
     return kernels
 
 
-def _with_runs(name, f, kernels):
-    """``kernels`` with flat kernels for float64 that go through
-    ``_piecewise.softplus_run`` (the launcher picks them by dtype)."""
+def _run_kernels(kind, f):
+    """Flat kernels for float64 that go through ``_piecewise.vector_run``
+    (the launcher picks them by dtype)."""
     def flat_run(x, out, p, c):
         inv = x.dtype.type(1.0) / p[0]
         n = x.size
@@ -79,10 +79,10 @@ def _with_runs(name, f, kernels):
             i0 = b * RUN_BLOCK
             i1 = min(i0 + RUN_BLOCK, n)
             # all whole vectors; the last block's remainder here
-            for i in range(softplus_run(x, out, i0, i1, p[0], inv, p[1]), i1):
+            for i in range(vector_run(kind, x, out, i0, i1, p[0], p[1], inv), i1):
                 out[i] = f(x[i], p, c)
 
-    return kernels + serial_and_parallel(flat_run, name + "_run", slp=False)
+    return serial_and_parallel(flat_run, kind + "_run", slp=False)
 
 
 def _first_of_two(name, f):
@@ -149,7 +149,7 @@ def _streamed(name, f):
     return _named(streamed, name + "_stream")
 
 
-#: Elements per task of the kernels with a vector run (softplus).
+#: Elements per task of the kernels with a vector run (softplus, gelu).
 RUN_BLOCK = 4096
 
 #: Elements per block of the streamed kernels (8-16 KiB: L1-resident).
