@@ -2,6 +2,11 @@
 double references, on its own and through ``nbops.softplus``; where the
 target has no AVX-512 the run does nothing, which is tested too."""
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 from numba import njit
@@ -136,3 +141,25 @@ def test_float32_and_strided_keep_the_formula():
     x32 = x.astype(np.float32)
     np.testing.assert_allclose(nbops.softplus(x32), np.logaddexp(0, x32.astype(np.float64)),
                                rtol=3e-7, atol=0)
+
+
+def test_a_target_without_avx512_keeps_the_formula(tmp_path):
+    """NUMBA_CPU_NAME=generic (no AVX-512 in the target machine): no run
+    kernels are built and softplus goes through the formula."""
+    code = textwrap.dedent("""
+        import numpy as np, nbops
+        from nbops.cpu import _piecewise, activations
+        assert not _piecewise.host_available()
+        kernels = dict(zip(activations.softplus.__code__.co_freevars,
+                           activations.softplus.__closure__))["runs"].cell_contents
+        assert kernels == []
+        x = np.random.default_rng(0).standard_normal(1000) * 10
+        y = nbops.softplus(x)
+        ref = np.where(x > 20, x, np.logaddexp(0, x))
+        assert np.allclose(y, ref, rtol=4e-16, atol=0), "wrong values"
+        print("ok")
+    """)
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
