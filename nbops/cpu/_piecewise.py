@@ -232,7 +232,7 @@ def _piecewise(builder, columns, j, t):
     table (highest first) permuted by the interval index ``j``."""
     acc = None
     for lo, hi in reversed(columns):
-        c = _call(builder, "llvm.x86.avx512.vpermi2var.pd.512", lo, j, hi, types=(_V, _VI, _V))
+        c = _call(builder, "llvm.x86.avx512.vpermi2var.pd.512", lo, j, hi, arg_types=(_V, _VI, _V))
         acc = c if acc is None else _fma(builder, acc, t, c)
     return acc
 
@@ -261,8 +261,8 @@ def _vector_at(builder, data, i):
     return builder.bitcast(builder.gep(data, [i]), _V.as_pointer())
 
 
-def _call(builder, name, *args, types=None):
-    fnty = ir.FunctionType(_V, list(types or [_V] * len(args)))
+def _call(builder, name, *args, arg_types=None):
+    fnty = ir.FunctionType(_V, list(arg_types or [_V] * len(args)))
     return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), list(args))
 
 
