@@ -100,6 +100,7 @@ CASES = [
     (1, 3, 6, 6, 2, 3, 2, 1, "same", (1, 2), 1),       # asymmetric "same"
     (1, 3, 4, 5, 2, 3, 3, 1, "valid", 1, 1),
     (1, 9, 5, 4, 17, 2, 2, 1, 1, 1, 1),         # CO past one register tile
+    (2, 3, 9, 11, 5, 5, 3, (1, 3), 2, (1, 2), 1),  # column stride 3 (phases), odd width
 ]
 IDS = [f"case{i}" for i in range(len(CASES))]
 

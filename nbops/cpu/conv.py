@@ -130,8 +130,26 @@ def _igemm(xf, wf, wscale, bias, of, geo, act, NC, KC):
     if n_img * G * nj < TASKS_PER_THREAD * threads:
         mch = min(nir, -(-TASKS_PER_THREAD * threads // (n_img * G * nj)))
     nchunks = min(n_img * G * nj * mch, threads)
+    wq = 0
+    if sw > 1 and KW > 1:
+        xf, wq = _column_phases(xf, W, sw), -(-W // sw)
     _igemm_drivers(of.dtype)(xf, apk, bias, of, geo, ncol, nj, mch, act, of.dtype.type(0),
-                             nchunks)
+                             nchunks, wq)
+
+
+def _column_phases(xf, W, sw):
+    """The input with each row's columns dealt into ``sw`` phases: row r,
+    phase f, position q holds column ``q * sw + f`` (zero past the row).
+    A strided window row then reads one phase at unit stride: the packing
+    of the 7x7 stride-2 stem gathered every element at stride 2."""
+    rows = xf.size // W
+    wq = -(-W // sw)
+    out = np.zeros((rows, sw, wq), xf.dtype)
+    x2 = xf.reshape(rows, W)
+    for f in range(sw):
+        cols = x2[:, f::sw]
+        out[:, f, :cols.shape[1]] = cols
+    return out.reshape(-1)
 
 
 @cpu_kernel(parallel=True)
@@ -214,7 +232,7 @@ MR = NR = 0
 _micro = _pack_cols = None
 
 
-def _pack_cols_t(xf, xoff, geo, pc, kc, jc, nc, bpack, line, zero):
+def _pack_cols_t(xf, xoff, geo, pc, kc, jc, nc, bpack, line, zero, wq):
     # bpack[jr, p, j] = col[pc + p, jc + jr*NR + j] of one image and group,
     # read from the input (zero where the window hangs over the padding).
     # Each k row is first gathered into ``line`` as runs of input rows in
@@ -245,7 +263,8 @@ def _pack_cols_t(xf, xoff, geo, pc, kc, jc, nc, bpack, line, zero):
         r = k - ci * kk_
         kh = r // KW
         kw = r - kh * KW
-        base = xoff + ci * H * W
+        row = sw * wq if wq > 0 else W
+        base = xoff + ci * H * row
         j = 0
         oh = oh0
         ow = ow0
@@ -259,7 +278,14 @@ def _pack_cols_t(xf, xoff, geo, pc, kc, jc, nc, bpack, line, zero):
             else:
                 iw0 = ow * sw - pw + kw * dw
                 lo, hi = _segment_bounds(iw0, seg, sw, W)
-                _window_row(line, uj, xf, U(base + ih * W + iw0), lo, hi, seg, sw, zero)
+                if wq > 0:
+                    # column iw0 + t sw is phase f, position q0 + t
+                    f = iw0 % sw
+                    q0 = (iw0 - f) // sw
+                    _window_row(line, uj, xf, U(base + ih * row + f * wq + q0), lo, hi, seg,
+                                1, zero)
+                else:
+                    _window_row(line, uj, xf, U(base + ih * W + iw0), lo, hi, seg, sw, zero)
             j += seg
             oh += 1
             ow = 0
@@ -271,9 +297,11 @@ def _pack_cols_t(xf, xoff, geo, pc, kc, jc, nc, bpack, line, zero):
                 bpack[jr, p, i] = line[l0 + i]
 
 
-def _igemm_t(xf, apk, bias, of, geo, ncol, nj, mch, act, zero, nchunks):
+def _igemm_t(xf, apk, bias, of, geo, ncol, nj, mch, act, zero, nchunks, wq):
+    # wq > 0: xf holds the input's columns in sw phases of wq (_column_phases)
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
-    n_img = xf.size // (C * H * W)
+    plane = H * (sw * wq if wq > 0 else W)
+    n_img = xf.size // (C * plane)
     cg, mg = C // G, CO // G
     k = cg * KH * KW
     p_all = OH * OW
@@ -302,13 +330,13 @@ def _igemm_t(xf, apk, bias, of, geo, ncol, nj, mch, act, zero, nchunks):
             if ir0 < ir1 and nc > 0:
                 s_ld = scratch.size // MR
                 s_off = 0 * s_ld
-                xoff = (n * C + g * cg) * H * W
+                xoff = (n * C + g * cg) * plane
                 c_base = (n * CO + g * mg) * p_all + jc
                 for q in range(nk):
                     pc = q * kcap
                     kc = min(kcap, k - pc)
                     first = q == 0
-                    _pack_cols(xf, xoff, geo, pc, kc, jc, nc, bpack, line, zero)
+                    _pack_cols(xf, xoff, geo, pc, kc, jc, nc, bpack, line, zero, wq)
                     for jr in range((nc + NR - 1) // NR):
                         cols = min(NR, nc - jr * NR)
                         for ir in range(ir0, ir1):
