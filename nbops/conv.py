@@ -53,7 +53,8 @@ CONV_CONFIGS = [
     {"algo": "igemm", "NC": 256, "KC": 512},
     {"algo": "igemm", "NC": 1024, "KC": 128},
     {"algo": "blas", "NC": 0, "KC": 0},
-    # stride 1 with at least one NR-wide tile of output (else igemm, default blocks)
+    # stride 1, or equal strides on the input dealt into phases, with at least one
+    # NR-wide tile of output (else igemm, default blocks)
     {"algo": "direct", "NC": 0, "KC": 0},
 ]
 

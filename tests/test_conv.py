@@ -243,6 +243,45 @@ def test_direct_algorithm_fused_and_batched(monkeypatch, dtype, step_bytes):
         check(got, want, dtype=dtype, k=wt[0].size)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_direct_algorithm_on_input_phases(monkeypatch, dtype):
+    # equal strides >= 2 run the direct convolution on the input dealt into
+    # s x s phases: windows not a multiple of the stride, odd padding, odd
+    # sizes, stride 3, folded batch norm and relu, batch 2; not where the
+    # window's padding to a multiple of the stride would add over half
+    # the work
+    monkeypatch.setattr(conv_mod._cpu_conv, "default", {"algo": "direct", "NC": 0, "KC": 0})
+    rng = np.random.default_rng(12)
+    from nbops.cpu import conv as cpu_conv
+
+    for (n, c, h, w, co, k, s, p) in [(1, 3, 37, 41, 10, 7, 2, 3),     # stem-like
+                                      (2, 4, 20, 23, 6, 5, 2, 2),
+                                      (1, 5, 25, 30, 9, (6, 4), 2, (2, 1)),
+                                      (1, 2, 31, 33, 4, 6, 3, (1, 2)),
+                                      (1, 2, 18, 33, 4, 2, 2, 0)]:
+        kh, kw_ = (k, k) if isinstance(k, int) else k
+        x = rng.standard_normal((n, c, h, w)).astype(dtype)
+        wt = rng.standard_normal((co, c, kh, kw_)).astype(dtype)
+        b = rng.standard_normal(co).astype(dtype)
+        mean, var, gamma, beta = _bn(co, dtype)
+        kw = dict(stride=s, padding=p, dilation=1, groups=1)
+        geo, _ = conv_mod._geometry("t", 2, x, wt, s, p, 1, 1)
+        assert not cpu_conv.direct_applies(geo, dtype)
+        assert cpu_conv.space_to_depth_geo(geo, dtype) is not None
+        check(nbops.conv2d(x, wt, b, **kw), _ref(x.astype(np.float64), wt.astype(np.float64),
+                                                  b.astype(np.float64), kw),
+              dtype=dtype, k=wt[0].size)
+        got = nbops.conv_bn_relu(x, wt, b, mean, var, gamma, beta, **kw)
+        wf, bf = nbops.fold_batch_norm(wt, b, mean, var, gamma, beta)
+        want = np.maximum(_ref(x.astype(np.float64), wf.astype(np.float64),
+                               bf.astype(np.float64), kw), 0)
+        check(got, want, dtype=dtype, k=wt[0].size)
+    for k, s in [(3, 2), (1, 2), (4, 3)]:
+        geo, _ = conv_mod._geometry("t", 2, np.zeros((1, 4, 30, 30), dtype),
+                                    np.zeros((4, 4, k, k), dtype), s, 0, 1, 1)
+        assert cpu_conv.space_to_depth_geo(geo, dtype) is None
+
+
 def test_out_and_strided_input():
     x, wt, b, kw = _case(CASES[1])
     want = _ref(x, wt, b, kw)
