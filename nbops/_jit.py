@@ -42,8 +42,9 @@ read) ran 1.45x faster.
 Numba's on-disk cache checks only the source file of the function it
 caches, not the modules that function calls into; a kernel built from
 :mod:`nbops._formulas`, :mod:`nbops.cpu._approx`, :mod:`nbops.cpu._memory`,
-the tables of :mod:`nbops.cpu._piecewise` or the neuron equations of :mod:`nbops.neuromorphic.lif` would keep running
-stale machine code after one of them changed. ``cpu_kernel`` therefore adds
+the tables of :mod:`nbops.cpu._piecewise` or the neuron equations of
+:mod:`nbops.neuromorphic.lif` would keep running stale machine code after
+one of them changed. ``cpu_kernel`` therefore adds
 a digest of those shared sources (and of this file) to each kernel's cache
 key.
 """

@@ -154,7 +154,7 @@ def _streamed(name, f):
     return _named(streamed, name + "_stream")
 
 
-#: Elements per task of the kernels with a vector run (softplus, gelu).
+#: Elements per task of the kernels with a vector run (``_piecewise.KINDS``).
 RUN_BLOCK = 4096
 
 #: Elements per block of the streamed kernels (8-16 KiB: L1-resident).

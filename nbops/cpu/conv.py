@@ -95,8 +95,8 @@ def conv2d(x, w, wscale, bias, out, geo, act, algo="igemm", NC=256, KC=256):
         _depthwise(xf, wf, wscale, bias, of, geo, act)
     elif algo == "direct" and direct_applies(geo, out.dtype):
         _direct(x, w, wscale, bias, out, geo, act)
-    elif algo == "direct" and space_to_depth_geo(geo, out.dtype) is not None:
-        _direct_space_to_depth(x, w, wscale, bias, out, geo, act)
+    elif algo == "direct" and (geo_s := space_to_depth_geo(geo, out.dtype)) is not None:
+        _direct_space_to_depth(x, w, wscale, bias, out, geo, geo_s, act)
     elif algo == "blas":
         _blas_route(x, w, wscale, bias, out, geo, act)
     else:
@@ -464,6 +464,7 @@ def _direct(x, w, wscale, bias, out, geo, act):
                          bias, act)
     return out
 
+
 def space_to_depth_geo(geo, dtype):
     """The stride-1 geometry that a convolution of equal strides s >= 2
     (no dilation, one group, a window that padding to a multiple of s
@@ -485,7 +486,7 @@ def space_to_depth_geo(geo, dtype):
     return geo_s if direct_applies(geo_s, dtype) else None
 
 
-def _direct_space_to_depth(x, w, wscale, bias, out, geo, act):
+def _direct_space_to_depth(x, w, wscale, bias, out, geo, geo_s, act):
     """A stride-s convolution as a stride-1 one: the padded input's s x s
     phases become channels (channel c s^2 + p s + q, position (u, v) holds
     input (c, s u + p, s v + q)) and the window, padded with zeros to a
@@ -493,9 +494,9 @@ def _direct_space_to_depth(x, w, wscale, bias, out, geo, act):
     ``sum w[c, kh, kw] x[c, s i + kh, s j + kw]`` is unchanged. The 7x7/2
     stem then runs the direct convolution (stride 1 only) on a 4x4 window
     over 12 channels: 30% more multiply-adds than 147 taps, at the direct
-    kernel's rate instead of the implicit GEMM's strided packing."""
+    kernel's rate instead of the implicit GEMM's strided packing. ``geo_s``
+    from :func:`space_to_depth_geo`."""
     C, H, W, KH, KW, s, _, ph, pw, _, _, OH, OW, _, CO = geo
-    geo_s = space_to_depth_geo(geo, out.dtype)
     _, hs, ws, khs, kws = geo_s[:5]
     n = x.size // (C * H * W)
     xp = np.zeros((n, C, hs * s, ws * s), x.dtype)

@@ -228,9 +228,9 @@ def _stride2_windows(kw, average):
     ``2 o`` shuffled into their even and odd columns (for kw = 3 the even
     ones shifted by one, with a third load), the last partial block stored
     under a mask. LLVM vectorizes a loop only from 64 iterations on (16
-    lanes, 4 interleaved), so the Numba loop over a 56-column ResNet row ran scalar: 0.42 of the
-    1.0 ms that max pool 3x3/2 took on [8, 64, 112, 112], and this one
-    takes 0.2 ms."""
+    lanes, 4 interleaved), so the Numba loop over a 56-column ResNet row
+    ran scalar: 0.42 of the 1.0 ms that max pool 3x3/2 took on
+    [8, 64, 112, 112], and this one takes 0.2 ms."""
 
     def typer(typingctx, dst, row, n, *rest):
         # 1-D C-contiguous arrays only: the code reads the data pointers
