@@ -28,18 +28,26 @@ Where :mod:`nbops.cpu._piecewise` has a vector run for an activation
 pair of flat kernels: whole vectors by the run's table, the last few
 elements by the formula (float64 softplus: 77-83% of copy against 48-57%).
 
+In place (``out=x``, or a backward's ``out=g`` / ``out=v``), the flat
+kernel would run its scalar loop: ``x`` and ``out`` are two arrays to LLVM,
+and its runtime overlap test before the vector loop fails when they are the
+same memory (in-place gelu ran 7-11x slower than out of place). So each
+operator has an in-place pair too, indexing the one array it reads and
+writes; streamed and vector-run kernels need none (they write from a buffer
+or from registers).
+
 Every kernel here is compiled with LLVM's SLP vectorizer off: the loop
 vectorizer does their work, and SLP, packing a scalar loop's independent
-multiplies into short vectors, kept them from fusing with their adds. The
-scalar loop runs where the output aliases the input (``out=x``: the vector
-loop's overlap check fails), so an in-place gelu differed from the same
-gelu out of place in the last bit of 188 of 4096 float32 results.
+multiplies into short vectors, kept them from fusing with their adds (a
+scalar gelu then differed from the vector loop in the last bit of 188 of
+4096 float32 results).
 
 Launchers, one per operator, have the signature ``name(x, out, p, c)`` for
 forward kernels and ``name(g, v, out, p, c)`` for backward kernels, with
 ``p``/``c`` the typed parameters and constants of :mod:`nbops._formulas`.
 """
 
+from collections import namedtuple
 from types import FunctionType
 
 import numpy as np
@@ -55,6 +63,12 @@ from ._piecewise import vector_run
 
 __all__ = list(_formulas.FORWARD + _formulas.BACKWARD) + ["swish_backward_both"]
 
+#: An operator's kernels: flat (serial, parallel), flat in place (a pair),
+#: streamed (None for transcendental formulas), 2-D strided, and the
+#: vector-run pair of ``_piecewise`` (None where it has none).
+_Kernels = namedtuple("_Kernels", "serial parallel in_place streamed strided runs",
+                      defaults=(None,))
+
 
 def _unary_kernels(name, f):
     def flat(x, out, p, c):
@@ -66,11 +80,18 @@ def _unary_kernels(name, f):
             for j in range(x.shape[1]):
                 out[r, j] = f(x[r, j], p, c)
 
-    kernels = (*serial_and_parallel(flat, name + "_flat", slp=False),
-               None if transcendental(f) else _streamed(name, _first_of_two(name, f)),
-               _named(strided, name + "_2d"))
+    def in_place(x, y, p, c, first):
+        # out=x: one array read and written, so LLVM needs no overlap test
+        # (``y`` is x again, unused; the binary kernels' signature)
+        for i in prange(x.size):
+            x[i] = f(x[i], p, c)
+
+    kernels = _Kernels(*serial_and_parallel(flat, name + "_flat", slp=False),
+                       serial_and_parallel(in_place, name + "_inplace", slp=False),
+                       None if transcendental(f) else _streamed(name, _first_of_two(name, f)),
+                       _named(strided, name + "_2d"))
     if name in _piecewise.KINDS and _piecewise.host_available():
-        return kernels + _run_kernels(name, f)
+        return kernels._replace(runs=_run_kernels(name, f))
     return kernels
 
 
@@ -113,9 +134,20 @@ def _binary_kernels(name, f):
             for j in range(a.shape[1]):
                 out[r, j] = f(a[r, j], b[r, j], p, c)
 
+    def in_place(io, other, p, c, first):
+        # out=a (first) or out=b: the written input is the only array
+        # indexed for both, so LLVM needs no overlap test between them
+        if first:
+            for i in prange(io.size):
+                io[i] = f(io[i], other[i], p, c)
+        else:
+            for i in prange(io.size):
+                io[i] = f(other[i], io[i], p, c)
+
     streamed = None if transcendental(f) else _streamed(name, f)
-    return (*serial_and_parallel(flat, name + "_flat", slp=False), streamed,
-            _named(strided, name + "_2d"))
+    return _Kernels(*serial_and_parallel(flat, name + "_flat", slp=False),
+                    serial_and_parallel(in_place, name + "_inplace", slp=False), streamed,
+                    _named(strided, name + "_2d"))
 
 
 def transcendental(f):
@@ -190,26 +222,34 @@ SERIAL_BELOW = 32768
 
 
 def _launcher(name, kernels):
-    serial, parallel, streamed, strided, *runs = kernels
+    k = kernels
 
     def launch(*args):
         *inputs, out, p, c = args
-        if runs and out.dtype == np.float64:
-            serial_run, parallel_run = runs
+        small = out.size < SERIAL_BELOW
+        # the input that *is* out, if any (the front end allows no other overlap)
+        aliased = next((i for i, a in enumerate(inputs) if np.may_share_memory(a, out)), None)
+        if k.runs and out.dtype == np.float64:
+            run = k.runs[0] if small else k.runs[1]
 
             def run_flat(ins, o):
-                (serial_run if o.size < SERIAL_BELOW else parallel_run)(*ins, o, p, c)
-        elif streamed is not None and streams(out):
+                run(*ins, o, p, c)
+        elif k.streamed is not None and streams(out):
             chunks = 4 * get_num_threads()
 
             def run_flat(ins, o):
-                streamed(ins[0], ins[-1], o, p, c, chunks)
+                k.streamed(ins[0], ins[-1], o, p, c, chunks)
+        elif aliased is not None:
+            in_place = k.in_place[0] if small else k.in_place[1]
+
+            def run_flat(ins, o):
+                in_place(o, ins[1 - aliased] if len(ins) == 2 else o, p, c, aliased == 0)
         else:
-            flat = serial if out.size < SERIAL_BELOW else parallel
+            flat = k.serial if small else k.parallel
 
             def run_flat(ins, o):
                 flat(*ins, o, p, c)
-        return _layout.elementwise(inputs, out, run_flat, lambda ins, o: strided(*ins, o, p, c))
+        return _layout.elementwise(inputs, out, run_flat, lambda ins, o: k.strided(*ins, o, p, c))
 
     launch.__name__ = launch.__qualname__ = name
     return launch
