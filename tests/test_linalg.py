@@ -207,6 +207,26 @@ def test_linear_epilogue(small_blocks, activation):
         np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)  # approximated exp/erf
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_epilogue_column_groups(monkeypatch, dtype):
+    # the packed kernel runs the epilogue over EPILOGUE_COLS columns of a
+    # block at a time: whole groups, a partial last group, a column panel
+    # narrower than a group, and column chunks (few row blocks) starting
+    # inside a panel; each element exactly once
+    from nbops.cpu import linalg as cpu
+
+    monkeypatch.setattr(cpu, "GEMV_MAX_ROWS", 0)
+    rng = np.random.default_rng(12)
+    for m, n, k, nc in ((40, 700, 33, 4096), (9, 1000, 20, 4096), (40, 700, 33, 96)):
+        monkeypatch.setattr(linalg._cpu_gemm, "default", dict(SMALL, NC=nc))
+        x, w, bias = rand(rng, (m, k), dtype), rand(rng, (n, k), dtype) * 0.5, \
+            rand(rng, n, dtype)
+        z = x.astype(np.float64) @ w.T.astype(np.float64) + bias
+        got = nbops.linear(x, w, bias, activation="gelu", impl="nbops")
+        tol = 1e-4 if dtype == np.float32 else 2e-6
+        np.testing.assert_allclose(got, ACT_REF["gelu"](z), rtol=tol, atol=tol)
+
+
 def test_linear_variants(small_blocks):
     rng = np.random.default_rng(9)
     w, bias = rand(rng, (6, 5)), rand(rng, 6)
