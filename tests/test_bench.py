@@ -106,6 +106,29 @@ def test_figures_follow_from_the_timings():
     assert d["ratio"] == res.ratio and d["case"] == "relu" and d["dtype"] == "float32"
 
 
+def test_copy_timed_in_the_same_rounds(monkeypatch):
+    # a copy passed to run_case runs interleaved with a memory-bound case;
+    # the fraction is the median of the per-round fractions
+    rounds = [[2.0, 1.0, 4.0], [3.0, 1.0, 1.0], [1.0, 1.0, 3.0]]  # nbops, baseline, copy
+    seen = []
+
+    def fake(fns, rounds_, pause, sync=None, samples=False):
+        seen.append(len(fns))
+        assert samples
+        return [list(t) for t in zip(*rounds)]
+
+    monkeypatch.setattr(harness, "time_interleaved", fake)
+    case = harness.cases()["relu"]
+    copy = (lambda: None, 1000)
+    res = harness.run_case(case, 4096, "float32", copy=copy)
+    assert seen == [3] and res.note == ""
+    per_round = [res.nbytes * c / (1000 * t) for t, _, c in rounds]
+    assert res.copy_fraction == pytest.approx(sorted(per_round)[1])
+    assert res.t_nbops == 2.0 and res.copy_gbps == pytest.approx(1000 / 3.0 * 1e-9)
+    res = harness.run_case(harness.cases()["relu"], 4096, "float32", copy=None)
+    assert seen[-1] == 2 and res.paired_copy_fraction is None
+
+
 def test_backward_counts_two_inputs_and_flops_give_gflops(registered):
     res = harness.run_case(harness.cases()["gelu_backward"], 4096, "float64", rounds=1,
                            pause=0.0)

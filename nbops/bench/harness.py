@@ -99,6 +99,9 @@ class Result:
     nbytes: Optional[int] = None
     flops: Optional[int] = None
     copy_gbps: Optional[float] = None
+    #: median over rounds of (GB/s / the copy's GB/s in the same round),
+    #: where the copy was timed interleaved with the case
+    paired_copy_fraction: Optional[float] = None
     err: Optional[float] = None
     tol: Optional[float] = None
     note: str = ""
@@ -118,6 +121,8 @@ class Result:
 
     @property
     def copy_fraction(self):
+        if self.paired_copy_fraction is not None:
+            return self.paired_copy_fraction
         return _div(self.gbps, self.copy_gbps)
 
     @property
@@ -295,8 +300,9 @@ def warm_up(f, sync=None, seconds=WARM_UP):
             return
 
 
-def time_interleaved(fns, rounds=5, pause=0.05, min_block=0.02, sync=None):
-    """Median seconds per call of each function in ``fns``.
+def time_interleaved(fns, rounds=5, pause=0.05, min_block=0.02, sync=None, samples=False):
+    """Median seconds per call of each function in ``fns`` (with
+    ``samples=True``, each function's list of per-round times instead).
 
     Each function runs once to calibrate, then in every round each runs a
     block of calls lasting about ``min_block`` seconds, the order reversed on
@@ -313,7 +319,7 @@ def time_interleaved(fns, rounds=5, pause=0.05, min_block=0.02, sync=None):
         sync()
         t = time.perf_counter() - t0
         blocks.append(max(1, min(1000, math.ceil(min_block / max(t, 1e-7)))))
-    samples = [[] for _ in fns]
+    times = [[] for _ in fns]
     order = list(range(len(fns)))
     for r in range(rounds):
         for i in (order if r % 2 == 0 else order[::-1]):
@@ -325,17 +331,25 @@ def time_interleaved(fns, rounds=5, pause=0.05, min_block=0.02, sync=None):
             for _ in range(k):
                 f()
             sync()
-            samples[i].append((time.perf_counter() - t0) / k)
-    return [statistics.median(s) for s in samples]
+            times[i].append((time.perf_counter() - t0) / k)
+    return times if samples else [statistics.median(s) for s in times]
 
 
 def measure_copy(n, dtype, rounds=5, pause=0.05):
     """GB/s of :func:`parallel_copy` on ``n`` elements (bytes read + written)."""
+    copy, nbytes = copy_call(n, dtype)
+    (t,) = time_interleaved([copy], rounds, pause)
+    return nbytes / t * 1e-9
+
+
+def copy_call(n, dtype):
+    """``(f, bytes)``: a call of :func:`parallel_copy` on ``n`` elements of
+    ``dtype`` (its arrays allocated and touched once, here) and the bytes it
+    reads and writes."""
     x = np.ones(n, dtype)
     out = np.empty_like(x)
     parallel_copy(x, out)
-    (t,) = time_interleaved([lambda: parallel_copy(x, out)], rounds, pause)
-    return 2 * x.nbytes / t * 1e-9
+    return (lambda: parallel_copy(x, out)), 2 * x.nbytes
 
 
 def max_error(y, ref):
@@ -390,9 +404,16 @@ def reference(case, inputs):
 
 
 def run_case(case, n, dtype, *, device="cpu", rounds=5, pause=0.05, copy_gbps=None,
-             rng=None, time_it=True):
+             rng=None, time_it=True, copy=None):
     """Measure ``case`` on about ``n`` elements of ``dtype``; never raises for
-    a failing case (the exception is reported in ``Result.note``)."""
+    a failing case (the exception is reported in ``Result.note``).
+
+    ``copy``, a ``(call, bytes)`` pair of :func:`copy_call`, is timed in the
+    same interleaved rounds as a memory-bound case on the CPU, and the
+    fraction of its bandwidth is the median of the per-round fractions:
+    this VM's copy swung between 28 and 50 GB/s from one minute to the
+    next, so a copy measured once before a table of cases made their
+    fractions move by as much."""
     dtype = np.dtype(dtype)
     res = Result(case.name, case.family, n, dtype.name, device, copy_gbps=copy_gbps,
                  tol=case.tolerance(dtype))
@@ -418,10 +439,18 @@ def run_case(case, n, dtype, *, device="cpu", rounds=5, pause=0.05, copy_gbps=No
             case.baseline(*inputs, out=out_b)
             res.err = max_error(y, reference(case, inputs))
             if time_it:
-                res.t_nbops, res.t_baseline = time_interleaved(
-                    [lambda: case.run(*nb_inputs, out=out_n),
-                     lambda: case.baseline(*inputs, out=out_b)],
-                    rounds, max(pause, case.pause), sync=_sync_for(device))
+                fns = [lambda: case.run(*nb_inputs, out=out_n),
+                       lambda: case.baseline(*inputs, out=out_b)]
+                paired = copy is not None and device == "cpu" and res.flops is None
+                if paired:
+                    fns.append(copy[0])
+                times = time_interleaved(fns, rounds, max(pause, case.pause),
+                                         sync=_sync_for(device), samples=True)
+                res.t_nbops, res.t_baseline = (statistics.median(t) for t in times[:2])
+                if paired:
+                    res.copy_gbps = copy[1] / statistics.median(times[2]) * 1e-9
+                    res.paired_copy_fraction = statistics.median(
+                        res.nbytes * tc / (copy[1] * tn) for tn, tc in zip(times[0], times[2]))
     except Exception as exc:  # one broken case must not end the whole run
         res.note = f"error: {type(exc).__name__}: {exc}"
     return res
@@ -504,10 +533,12 @@ def run_bench(selected, sizes, dtypes, *, rounds=5, pause=0.05, write=print):
             todo = [c for c in selected if dtype in c.dtypes]
             if not todo:
                 continue
+            copy = copy_call(n, dtype)
             copies[(n, dtype.name)] = gbps = measure_copy(n, dtype, rounds, pause)
             write(copy_row(n, dtype, gbps))
             for case in todo:
-                res = run_case(case, n, dtype, rounds=rounds, pause=pause, copy_gbps=gbps)
+                res = run_case(case, n, dtype, rounds=rounds, pause=pause, copy_gbps=gbps,
+                               copy=copy)
                 results.append(res)
                 write(table_row(res))
     return results, copies
