@@ -141,7 +141,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, causal=False, scale=None, o
         _dispatch.kernel("attention", CUDA)(*args, out3, empty, L, S, D, Dv)
     else:
         _cpu_forward.run(((*args, out3, empty, L, S, D, Dv),),
-                         dict(L=L, S=S, D=D, N=N, dtype=np.dtype(q.dtype).name))
+                         dict(L=L, S=S, D=D, N=N, dtype=np.dtype(q.dtype).name), gpu=False)
     return out
 
 
@@ -334,7 +334,7 @@ def _backward_tiles(L, S, D, N, dtype):
     """The tiles the forward used (its statistics pass reruns it)."""
     try:
         return _cpu_forward.config_for((), dict(L=L, S=S, D=D, N=N,
-                                                dtype=np.dtype(dtype).name))
+                                                dtype=np.dtype(dtype).name), gpu=False)
     except Exception:  # tuned in another process and forgotten: the default
         return DEFAULT_CONFIG
 

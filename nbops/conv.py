@@ -31,7 +31,7 @@ import numpy as np
 from . import _checks, _dispatch, arith, tensor
 from . import autotune as _autotune
 from ._dispatch import CPU, CUDA, operator
-from .linalg import matmul
+from .linalg import _DTYPE_NAMES, matmul
 
 __all__ = ["conv1d", "conv2d", "fold_batch_norm", "conv_bn_relu", "conv_bn", "conv_relu",
            "DEFAULT_CONFIG", "CONV_CONFIGS"]
@@ -402,9 +402,9 @@ def _conv(op, spatial, x, weight, bias, wscale, stride, padding, dilation, group
     out = _checks.output(op, out, out_shape, x.dtype, dev,
                          {"x": x, "weight": weight, "bias": bias})
     empty = _checks.empty((0,), x.dtype, dev)
-    xc = _as4d(tensor.contiguous(x), spatial)
-    wc = _as4d(tensor.contiguous(weight), spatial)
-    bc = empty if bias is None else tensor.contiguous(bias)
+    xc = _as4d(_contiguous(x), spatial)
+    wc = _as4d(_contiguous(weight), spatial)
+    bc = empty if bias is None else _contiguous(bias)
     sc = empty if wscale is None else wscale
     o4 = _as4d(out, spatial)
     args = (xc, wc, sc, bc, o4, geo, _ACTS[activation])
@@ -418,8 +418,15 @@ def _conv(op, spatial, x, weight, bias, wscale, stride, padding, dilation, group
         stride = sh if sh == sw else f"{sh}x{sw}"
         _cpu_conv.run((args,), dict(n=int(x.shape[0]), c=c, hw=h * w, co=co, kk=kh * kw,
                                     stride=stride, groups=geo[13],
-                                    dtype=np.dtype(x.dtype).name))
+                                    dtype=_DTYPE_NAMES.get(x.dtype) or np.dtype(x.dtype).name),
+                      gpu=False)
     return out, geo
+
+
+def _contiguous(a):
+    # the operator's own answer for a C-contiguous NumPy array, without the
+    # dispatch (a batch-1 network makes dozens of these calls per layer)
+    return a if isinstance(a, np.ndarray) and a.flags.c_contiguous else tensor.contiguous(a)
 
 
 def _bn_args(op, ref, bias, bn_mean, bn_var, bn_weight, bn_bias, eps, co):

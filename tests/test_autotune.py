@@ -17,6 +17,9 @@ from nbops import autotune as at
 def cache_in_tmp(tmp_path, monkeypatch):
     monkeypatch.setenv("NBOPS_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("NBOPS_AUTOTUNE", "1")
+    # no load readings: tunings are stored whatever else runs beside the
+    # tests (test_disturbed_tuning_is_not_stored fakes them)
+    monkeypatch.setattr(at, "_machine_busy", lambda: None)
     return tmp_path
 
 
@@ -55,6 +58,46 @@ def test_tunes_once_then_reuses_memory_and_disk():
     assert calls2 == [0.0]
     g(x.astype(np.float64), n=6)                        # another dtype: tuned anew
     assert len(calls2) > 3
+
+
+def test_disturbed_tuning_is_not_stored(monkeypatch):
+    # other processes took 40% of the CPUs while the tuning ran: the choice
+    # serves this process (no second tuning) but is not written to disk
+    clock = {"busy": 100.0}
+    monkeypatch.setattr(at, "_machine_busy", lambda: (clock["busy"], 2))
+    calls = []
+    f = make_tuner(calls)
+    real_call = at.Autotuner._call
+
+    def busy_call(self, args, kwargs, config):
+        t0, p0 = time.perf_counter(), time.process_time()
+        real_call(self, args, kwargs, config)
+        # the others' CPU seconds: 40% of both CPUs over this call's wall
+        # time, on top of what this process used
+        clock["busy"] += 0.8 * (time.perf_counter() - t0) + (time.process_time() - p0)
+
+    monkeypatch.setattr(at.Autotuner, "_call", busy_call)
+    x = np.ones(3, np.float32)
+    f(x, n=5)
+    assert not os.path.exists(at.cache_path())
+    calls.clear()
+    f(x, n=5)
+    assert calls == [0.0]                               # remembered in memory
+    monkeypatch.setattr(at.Autotuner, "_call", real_call)
+    g = make_tuner([], name="test.quiet")               # an idle machine: stored
+    g(x, n=5)
+    assert list(json.load(open(at.cache_path()))["entries"]) == ["test.quiet|float32|n=8"]
+
+
+def test_load_watch_reads_proc_stat(monkeypatch):
+    monkeypatch.undo()  # the real /proc/stat
+    busy = at._machine_busy()
+    if busy is None:
+        pytest.skip("no /proc/stat here")
+    assert busy[0] > 0 and busy[1] >= 1
+    w = at._LoadWatch()
+    share = w.others()
+    assert share is not None and 0.0 <= share <= 1.0
 
 
 def test_changed_candidates_are_tuned_again():

@@ -40,6 +40,8 @@ SHAPES = {
     "dw3x3s2_144_56": (1, 144, 56, 56, 144, 3, 2, 1, 144),
     "cbr_3x3_64_56_b8": (8, 64, 56, 56, 64, 3, 1, 1, 1),
     "cbr_1x1_256_56_b1": (1, 256, 56, 56, 64, 1, 1, 0, 1),
+    "cbr_dw3x3_144_56": (1, 144, 56, 56, 144, 3, 1, 1, 144),
+    "cbr_dw3x3_32_112": (1, 32, 112, 112, 32, 3, 1, 1, 32),
 }
 
 
@@ -69,8 +71,8 @@ def conv2d_numpy(x, w, stride, padding, groups, out=None):
     return out
 
 
-def conv_bn_relu_numpy(x, w, mean, var, gamma, beta, stride, padding, out):
-    conv2d_numpy(x, w, stride, padding, 1, out)
+def conv_bn_relu_numpy(x, w, mean, var, gamma, beta, stride, padding, out, groups=1):
+    conv2d_numpy(x, w, stride, padding, groups, out)
     sh = (1, -1, 1, 1)
     out -= mean.reshape(sh)
     out *= (gamma / np.sqrt(var + EPS)).reshape(sh)
@@ -162,11 +164,12 @@ def calls(name, args, out):
     if name.startswith("cbr_"):
         tmp = np.empty_like(out)
         fns = {"nbops": lambda: nbops.conv_bn_relu(x, w, None, mean, var, gamma, beta,
-                                                   eps=EPS, stride=s, padding=p, out=out),
+                                                   eps=EPS, stride=s, padding=p, groups=g,
+                                                   out=out),
                "nbops 3 ops": lambda: nbops.relu(
-                   nbops.batch_norm(nbops.conv2d(x, w, stride=s, padding=p, out=tmp),
+                   nbops.batch_norm(nbops.conv2d(x, w, stride=s, padding=p, groups=g, out=tmp),
                                     mean, var, gamma, beta, eps=EPS, out=out), out=out),
-               "numpy": lambda: conv_bn_relu_numpy(x, w, mean, var, gamma, beta, s, p, out)}
+               "numpy": lambda: conv_bn_relu_numpy(x, w, mean, var, gamma, beta, s, p, out, g)}
     else:
         fns = {"nbops": lambda: nbops.conv2d(x, w, stride=s, padding=p, groups=g, out=out),
                "numpy": lambda: conv2d_numpy(x, w, s, p, g, out)}
