@@ -52,7 +52,14 @@ class Bottleneck(nn.Module):
 
     def forward(self, x):
         shortcut = x if self.downsample is None else self.downsample(x)
-        return self.relu(nbops.add(self.branch(x), shortcut))
+        if nbops.is_grad_enabled():
+            return self.relu(nbops.add(self.branch(x), shortcut))
+        # inference: the residual add and the relu as one pass, no temporary
+        return _add_relu(self.branch(x), shortcut)
+
+
+#: ``relu(a + b)`` in one kernel (nbops.fuse has no backward: used under no_grad)
+_add_relu = nbops.fuse(lambda a, b: nbops.relu(a + b), name="add_relu")
 
 
 def _bn(c, rng):
@@ -206,6 +213,8 @@ def main(argv=None):
     print(f"  fused vs unfused: max |diff| {np.abs(y - y_unfused).max():.2e} "
           f"(outputs up to {np.abs(y_unfused).max():.2e})")
     if ort_run is not None:
+        # after nbops, not interleaved: onnxruntime's thread pool, run in
+        # turn with nbops (even 0.3 s apart), left nbops 1.2-1.4x slower
         t_ort = _latency(ort_run, args.runs)
         y_ort = ort_run()
         print(f"  onnxruntime            {t_ort * 1e3:8.1f} ms   (nbops fused / ort: "

@@ -46,7 +46,7 @@ from .pooling import (  # noqa: F401,E402
 )
 from .softmax import log_softmax, softmax  # noqa: F401,E402
 from .attention import positional_encoding, scaled_dot_product_attention  # noqa: F401,E402
-from .autograd import Tensor, no_grad, enable_grad  # noqa: F401
+from .autograd import Tensor, enable_grad, is_grad_enabled, no_grad  # noqa: F401
 from . import autograd, nn, optim  # noqa: F401,E402
 
 __all__ = [
@@ -57,7 +57,7 @@ __all__ = [
     *_tensor_all,
     "fuse", "warmup",
     "add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sum", "mean", "expand", "sum_to",
-    "Tensor", "no_grad", "enable_grad", "autograd", "nn", "optim",
+    "Tensor", "no_grad", "enable_grad", "is_grad_enabled", "autograd", "nn", "optim",
 ]
 __all__ += ["batch_norm", "layer_norm", "rms_norm"]
 __all__ += ["max_pool1d", "max_pool2d", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d",

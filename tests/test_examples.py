@@ -55,3 +55,25 @@ def test_train_mlp_example_on_cuda(capsys, monkeypatch):
                                       "--hidden", "4", "--device", "cuda"])
     runpy.run_path(str(EXAMPLES / "train_mlp.py"), run_name="__main__")
     assert "train_mlp: 1 steps on cuda" in capsys.readouterr().out
+
+
+def test_resnet50_bottleneck_inference_and_training_paths(monkeypatch):
+    # examples/resnet50.py: a bottleneck at a small size; under no_grad the
+    # residual add and relu run as one fused kernel, which must match the
+    # two ops of the autograd path, and fuse_modules must not change it
+    import numpy as np
+
+    import nbops
+    from nbops import nn
+
+    module = _import_example("resnet50", monkeypatch)
+    block = module["Bottleneck"](16, 8, 2, np.random.default_rng(0)).eval()
+    x = np.random.default_rng(1).standard_normal((2, 16, 9, 9)).astype(np.float32)
+    with nbops.no_grad():
+        fused_add = block(x)
+    y = block(nbops.Tensor(x, requires_grad=True))
+    np.testing.assert_allclose(fused_add, y.data, rtol=1e-6, atol=1e-6)
+    assert fused_add.shape == (2, 32, 5, 5) and (fused_add >= 0).all()
+    with nbops.no_grad():
+        nn.fuse_modules(block)
+        np.testing.assert_allclose(block(x), fused_add, rtol=1e-5, atol=1e-5)
