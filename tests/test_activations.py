@@ -284,6 +284,7 @@ def test_only_arithmetic_formulas_stream():
     assert streaming == ["relu", "leaky_relu", "hardswish", "relu_backward",
                          "leaky_relu_backward", "sigmoid_backward", "tanh_backward",
                          "hardswish_backward"]
+    assert cpu.gelu.kernels.streamed is None and cpu.relu.kernels.in_place is not None
     assert cpu._unary_kernels("gelu", _formulas.gelu).streamed is None
     assert cpu._binary_kernels("silu_backward", _formulas.silu_backward).streamed is None
     assert cpu._unary_kernels("relu", _formulas.relu).streamed is not None

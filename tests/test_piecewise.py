@@ -150,9 +150,7 @@ def test_a_target_without_avx512_keeps_the_formula(tmp_path):
         import numpy as np, nbops
         from nbops.cpu import _piecewise, activations
         assert not _piecewise.host_available()
-        kernels = dict(zip(activations.softplus.__code__.co_freevars,
-                           activations.softplus.__closure__))["runs"].cell_contents
-        assert kernels == []
+        assert activations.softplus.kernels.runs is None
         x = np.random.default_rng(0).standard_normal(1000) * 10
         y = nbops.softplus(x)
         ref = np.where(x > 20, x, np.logaddexp(0, x))

@@ -252,6 +252,7 @@ def _launcher(name, kernels):
         return _layout.elementwise(inputs, out, run_flat, lambda ins, o: k.strided(*ins, o, p, c))
 
     launch.__name__ = launch.__qualname__ = name
+    launch.kernels = kernels
     return launch
 
 
