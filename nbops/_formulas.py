@@ -143,7 +143,12 @@ def hardswish(x, p, c):
 # --- backward: df(grad, saved, p, c) -----------------------------------------
 
 def relu_backward(g, x, p, c):
-    return g if x > c.zero else c.zero
+    # The zero side reads g too (|g| * 0, 0 again where g is inf or NaN):
+    # read on one side only, g's load became a masked load (vmovups {k}{z}),
+    # and the kernel ran 1.07-1.13x slower at 16M elements than with g
+    # read on both sides (leaky_relu's form), 1.02-1.05x this way.
+    z = abs(g) * c.zero
+    return g if x > c.zero else (z if z == z else c.zero)
 
 
 def leaky_relu_backward(g, x, p, c):

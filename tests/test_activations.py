@@ -177,6 +177,22 @@ def test_backward_matches_reference(act, dtype, device):
         _close(got, want, dtype)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_relu_backward_edges(dtype, device):
+    # zero (+0.0) wherever x <= 0, whatever g: inf, NaN, negative, -0.0;
+    # g itself where x > 0 (NaN and inf included). Streamed sizes too.
+    g = np.array([np.inf, -np.inf, np.nan, -3.0, -0.0, 2.0, np.nan, -np.inf, 1.0], dtype)
+    x = np.array([-1.0, 0.0, -0.0, -2.0, 5.0, 1.0, 1.0, 3.0, np.nan], dtype)
+    want = np.array([0, 0, 0, 0, -0.0, 2, np.nan, -np.inf, 0], dtype)
+    for reps in (1, 300000):
+        gg, xx = np.tile(g, reps), np.tile(x, reps)
+        got = host(nbops.relu_backward(to_dev(gg, device), to_dev(xx, device)))
+        np.testing.assert_array_equal(got, np.tile(want, reps))
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(np.tile(want, reps)))
+        if device != "cpu":
+            break
+
+
 @pytest.mark.parametrize("act", ACTS, ids=IDS)
 def test_backward_finite_differences(act):
     """The backward is the derivative of the forward (central differences, float64)."""
