@@ -354,12 +354,8 @@ def _igemm_t(xf, apk, bias, of, geo, ncol, nj, mch, act, zero, nchunks, wq):
                             else:
                                 _micro(kc, apk[g, q, ir], bpack[jr], scratch, s_off, s_ld,
                                        s_ld > 0, zero)
-                                for i in range(rows):
-                                    for j in range(cols):
-                                        if first:
-                                            of[coff + i * p_all + j] = scratch[i * NR + j]
-                                        else:
-                                            of[coff + i * p_all + j] += scratch[i * NR + j]
+                                _linalg.store_edge_tile(of, coff, p_all, scratch, NR, rows,
+                                                        cols, first)
                             if q == nk - 1:
                                 _epilogue_rows(of, coff, p_all, rows, cols, bias,
                                                g * mg + ir * MR, act, zero)

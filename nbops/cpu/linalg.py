@@ -254,6 +254,19 @@ MR = NR = 0
 _micro = _macro = None
 
 
+@register_jitable(inline="always")
+def store_edge_tile(dst, coff, ld, scratch, nr, rows, cols, first):
+    """Store (``first``) or add the ``rows`` x ``cols`` corner of a register
+    tile that the micro-kernel computed into ``scratch`` (row stride ``nr``)
+    into ``dst`` at ``coff`` (row stride ``ld``): C's edge tiles."""
+    for i in range(rows):
+        for j in range(cols):
+            if first:
+                dst[coff + i * ld + j] = scratch[i * nr + j]
+            else:
+                dst[coff + i * ld + j] += scratch[i * nr + j]
+
+
 def _macro_t(abuf, a_off, sam, sak, bpack, jr0, jr1, nc, outf, c_off, ldc, mc, kc,
              first, last, apack, scratch, bias, bcol, act, prm, cst):
     # C[mc x nc block] (+)= A[mc x kc] @ Bpanel[kc x slivers jr0..jr1)
@@ -277,12 +290,7 @@ def _macro_t(abuf, a_off, sam, sak, bpack, jr0, jr1, nc, outf, c_off, ldc, mc, k
                     _micro(kc, apack[ir], bpack[jr], outf, coff, ldc, first, zero)
                 else:
                     _micro(kc, apack[ir], bpack[jr], scratch, s_off, s_ld, s_first, zero)
-                    for i in range(rows):
-                        for j in range(cols):
-                            if first:
-                                outf[coff + i * ldc + j] = scratch[i * NR + j]
-                            else:
-                                outf[coff + i * ldc + j] += scratch[i * NR + j]
+                    store_edge_tile(outf, coff, ldc, scratch, NR, rows, cols, first)
         if epilogue:
             col0 = g0 * NR
             _epilogue_tile(outf, c_off + col0, ldc, mc, min(nc, g1 * NR) - col0, bias,
