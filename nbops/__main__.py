@@ -41,8 +41,9 @@ def _bench(args):
           f"{args.rounds} interleaved rounds after warm-up; speedup = baseline time / nbops "
           "time;\nGB/s counts each input and output once; 'of copy' compares it with a "
           "parallel copy at the same size timed in the same rounds (median of the "
-          "per-round fractions;\nthe copy line is the copy alone, before the cases); max err = max |y - ref| / (1 + |ref|) "
-          "against a float64 reference from the same inputs.")
+          "per-round fractions;\nthe copy line is the copy alone, before the cases); "
+          "max err = max |y - ref| / (1 + |ref|)\nagainst a float64 reference from the "
+          "same inputs.")
     print(_load_warning() + "\n")
     results, copies = harness.run_bench(selected, sizes, dtypes, rounds=args.rounds,
                                         pause=args.pause)

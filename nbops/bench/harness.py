@@ -411,9 +411,9 @@ def run_case(case, n, dtype, *, device="cpu", rounds=5, pause=0.05, copy_gbps=No
     ``copy``, a ``(call, bytes)`` pair of :func:`copy_call`, is timed in the
     same interleaved rounds as a memory-bound case on the CPU, and the
     fraction of its bandwidth is the median of the per-round fractions:
-    this VM's copy swung between 28 and 50 GB/s from one minute to the
-    next, so a copy measured once before a table of cases made their
-    fractions move by as much."""
+    this VM's copy swung between 26 and 94 GB/s within a minute, so a copy
+    measured once before a table of cases moved their fractions by as
+    much."""
     dtype = np.dtype(dtype)
     res = Result(case.name, case.family, n, dtype.name, device, copy_gbps=copy_gbps,
                  tol=case.tolerance(dtype))
