@@ -402,9 +402,9 @@ def _conv(op, spatial, x, weight, bias, wscale, stride, padding, dilation, group
     out = _checks.output(op, out, out_shape, x.dtype, dev,
                          {"x": x, "weight": weight, "bias": bias})
     empty = _checks.empty((0,), x.dtype, dev)
-    xc = _as4d(_contiguous(x), spatial)
-    wc = _as4d(_contiguous(weight), spatial)
-    bc = empty if bias is None else _contiguous(bias)
+    xc = _as4d(tensor.contiguous_array(x), spatial)
+    wc = _as4d(tensor.contiguous_array(weight), spatial)
+    bc = empty if bias is None else tensor.contiguous_array(bias)
     sc = empty if wscale is None else wscale
     o4 = _as4d(out, spatial)
     args = (xc, wc, sc, bc, o4, geo, _ACTS[activation])
@@ -423,12 +423,6 @@ def _conv(op, spatial, x, weight, bias, wscale, stride, padding, dilation, group
     return out, geo
 
 
-def _contiguous(a):
-    # the operator's own answer for a C-contiguous NumPy array, without the
-    # dispatch (a batch-1 network makes dozens of these calls per layer)
-    return a if isinstance(a, np.ndarray) and a.flags.c_contiguous else tensor.contiguous(a)
-
-
 def _bn_args(op, ref, bias, bn_mean, bn_var, bn_weight, bn_bias, eps, co):
     stats = {"bias": bias, "bn_mean": bn_mean, "bn_var": bn_var, "bn_weight": bn_weight,
              "bn_bias": bn_bias}
@@ -442,7 +436,8 @@ def _bn_args(op, ref, bias, bn_mean, bn_var, bn_weight, bn_bias, eps, co):
     _checks.same_dtype(op, weight=ref, **stats)
     dev = _dispatch.resolve_device(op, weight=ref, **stats)
     _checks.scalar(op, "eps", eps, low=0.0, low_open=True)
-    return dev, {k: (None if v is None else tensor.contiguous(v)) for k, v in stats.items()}
+    return dev, {k: (None if v is None else tensor.contiguous_array(v))
+                 for k, v in stats.items()}
 
 
 def _scale_shift(dev, dtype, co, stats, eps):

@@ -32,6 +32,7 @@ import numpy as np
 
 from . import _checks, _dispatch, _layout
 from ._dispatch import CPU, CUDA, operator
+from .tensor import contiguous_array as _contiguous
 
 __all__ = ["batch_norm", "layer_norm", "rms_norm"]
 
@@ -266,14 +267,6 @@ def rms_norm(x, normalized_shape, weight=None, eps=None, out=None):
 
 # ---------------------------------------------------------------------------
 # Helpers
-
-
-def _contiguous(x):
-    if _layout.is_c_contiguous(x):
-        return x
-    from .tensor import contiguous
-
-    return contiguous(x)
 
 
 def _as3(x, shape):

@@ -221,14 +221,18 @@ def _named(fn, name):
 SERIAL_BELOW = 32768
 
 
+def _aliased(inputs, out):
+    """The index of the input that *is* ``out`` (the front end allows no
+    other overlap), or None."""
+    return next((i for i, a in enumerate(inputs) if np.may_share_memory(a, out)), None)
+
+
 def _launcher(name, kernels):
     k = kernels
 
     def launch(*args):
         *inputs, out, p, c = args
         small = out.size < SERIAL_BELOW
-        # the input that *is* out, if any (the front end allows no other overlap)
-        aliased = next((i for i, a in enumerate(inputs) if np.may_share_memory(a, out)), None)
         if k.runs and out.dtype == np.float64:
             run = k.runs[0] if small else k.runs[1]
 
@@ -239,7 +243,7 @@ def _launcher(name, kernels):
 
             def run_flat(ins, o):
                 k.streamed(ins[0], ins[-1], o, p, c, chunks)
-        elif aliased is not None:
+        elif (aliased := _aliased(inputs, out)) is not None:
             in_place = k.in_place[0] if small else k.in_place[1]
 
             def run_flat(ins, o):
