@@ -101,6 +101,7 @@ CASES = [
     (1, 3, 4, 5, 2, 3, 3, 1, "valid", 1, 1),
     (1, 9, 5, 4, 17, 2, 2, 1, 1, 1, 1),         # CO past one register tile
     (2, 3, 9, 11, 5, 5, 3, (1, 3), 2, (1, 2), 1),  # column stride 3 (phases), odd width
+    (2, 20, 7, 9, 18, 1, 1, 1, 0, 1, 2),        # 1x1 read in place: whole + partial slivers
 ]
 IDS = [f"case{i}" for i in range(len(CASES))]
 
@@ -137,7 +138,8 @@ def test_conv2d_cpu_algorithms(case, cpu_algo):
     check(nbops.conv2d(x, wt, b, **kw), _ref(x, wt, b, kw), k=wt[0].size)
 
 
-@pytest.mark.parametrize("case", CASES[:3] + CASES[6:8], ids=IDS[:3] + IDS[6:8])
+@pytest.mark.parametrize("case", CASES[:3] + CASES[6:8] + CASES[-1:],
+                         ids=IDS[:3] + IDS[6:8] + IDS[-1:])
 def test_conv2d_default_config_float32(case):
     x, wt, b, kw = _case(case, np.float32)
     check(nbops.conv2d(x, wt, b, **kw), _ref(x, wt, b, kw), np.float32, k=wt[0].size)
