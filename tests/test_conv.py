@@ -102,6 +102,7 @@ CASES = [
     (1, 9, 5, 4, 17, 2, 2, 1, 1, 1, 1),         # CO past one register tile
     (2, 3, 9, 11, 5, 5, 3, (1, 3), 2, (1, 2), 1),  # column stride 3 (phases), odd width
     (2, 20, 7, 9, 18, 1, 1, 1, 0, 1, 2),        # 1x1 read in place: whole + partial slivers
+    (2, 8, 9, 11, 6, 1, 1, (2, 3), 0, 1, 2),    # 1x1 strided, no padding: subsampled
 ]
 IDS = [f"case{i}" for i in range(len(CASES))]
 
@@ -138,8 +139,8 @@ def test_conv2d_cpu_algorithms(case, cpu_algo):
     check(nbops.conv2d(x, wt, b, **kw), _ref(x, wt, b, kw), k=wt[0].size)
 
 
-@pytest.mark.parametrize("case", CASES[:3] + CASES[6:8] + CASES[-1:],
-                         ids=IDS[:3] + IDS[6:8] + IDS[-1:])
+@pytest.mark.parametrize("case", CASES[:3] + CASES[6:8] + CASES[-2:],
+                         ids=IDS[:3] + IDS[6:8] + IDS[-2:])
 def test_conv2d_default_config_float32(case):
     x, wt, b, kw = _case(case, np.float32)
     check(nbops.conv2d(x, wt, b, **kw), _ref(x, wt, b, kw), np.float32, k=wt[0].size)
@@ -247,29 +248,33 @@ def test_direct_algorithm_fused_and_batched(monkeypatch, dtype, step_bytes):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_direct_algorithm_on_input_phases(monkeypatch, dtype):
-    # equal strides >= 2 run the direct convolution on the input dealt into
-    # s x s phases: windows not a multiple of the stride, odd padding, odd
-    # sizes, stride 3, folded batch norm and relu, batch 2; not where the
-    # window's padding to a multiple of the stride would add over half
-    # the work
+    # strides >= 2 run the direct convolution on the input dealt into
+    # sh x sw phases: windows not a multiple of the stride, odd padding, odd
+    # sizes, stride 3, unequal strides, dilation, groups, 3x3/2 and 1x1/2,
+    # folded batch norm and relu, batch 2; not depthwise, not stride 1
     monkeypatch.setattr(conv_mod._cpu_conv, "default", {"algo": "direct", "NC": 0, "KC": 0})
     rng = np.random.default_rng(12)
     from nbops.cpu import conv as cpu_conv
 
-    for (n, c, h, w, co, k, s, p) in [(1, 3, 37, 41, 10, 7, 2, 3),     # stem-like
-                                      (2, 4, 20, 23, 6, 5, 2, 2),
-                                      (1, 5, 25, 30, 9, (6, 4), 2, (2, 1)),
-                                      (1, 2, 31, 33, 4, 6, 3, (1, 2)),
-                                      (1, 2, 18, 33, 4, 2, 2, 0)]:
+    for (n, c, h, w, co, k, s, p, d, g) in [(1, 3, 37, 41, 10, 7, 2, 3, 1, 1),  # stem-like
+                                            (2, 4, 20, 23, 6, 5, 2, 2, 1, 1),
+                                            (1, 5, 25, 30, 9, (6, 4), 2, (2, 1), 1, 1),
+                                            (1, 2, 31, 33, 4, 6, 3, (1, 2), 1, 1),
+                                            (1, 2, 18, 33, 4, 2, 2, 0, 1, 1),
+                                            (2, 6, 21, 19, 12, 3, 2, 1, 1, 1),  # 3x3/2
+                                            (1, 7, 16, 23, 10, 1, 2, 0, 1, 1),  # 1x1/2
+                                            (1, 4, 27, 25, 6, 3, (2, 3), 1, 1, 1),
+                                            (1, 4, 29, 31, 6, 3, 2, 2, 2, 1),   # dilated
+                                            (1, 6, 23, 22, 9, 3, 2, 1, 1, 3)]:  # groups
         kh, kw_ = (k, k) if isinstance(k, int) else k
         x = rng.standard_normal((n, c, h, w)).astype(dtype)
-        wt = rng.standard_normal((co, c, kh, kw_)).astype(dtype)
+        wt = rng.standard_normal((co, c // g, kh, kw_)).astype(dtype)
         b = rng.standard_normal(co).astype(dtype)
         mean, var, gamma, beta = _bn(co, dtype)
-        kw = dict(stride=s, padding=p, dilation=1, groups=1)
-        geo, _ = conv_mod._geometry("t", 2, x, wt, s, p, 1, 1)
+        kw = dict(stride=s, padding=p, dilation=d, groups=g)
+        geo, _ = conv_mod._geometry("t", 2, x, wt, s, p, d, g)
         assert not cpu_conv.direct_applies(geo, dtype)
-        assert cpu_conv.space_to_depth_geo(geo, dtype) is not None
+        assert cpu_conv.phases_geo(geo, dtype) is not None
         check(nbops.conv2d(x, wt, b, **kw), _ref(x.astype(np.float64), wt.astype(np.float64),
                                                   b.astype(np.float64), kw),
               dtype=dtype, k=wt[0].size)
@@ -278,10 +283,10 @@ def test_direct_algorithm_on_input_phases(monkeypatch, dtype):
         want = np.maximum(_ref(x.astype(np.float64), wf.astype(np.float64),
                                bf.astype(np.float64), kw), 0)
         check(got, want, dtype=dtype, k=wt[0].size)
-    for k, s in [(3, 2), (1, 2), (4, 3)]:
+    for k, s, g in [(3, 1, 1), (3, 2, 4)]:
         geo, _ = conv_mod._geometry("t", 2, np.zeros((1, 4, 30, 30), dtype),
-                                    np.zeros((4, 4, k, k), dtype), s, 0, 1, 1)
-        assert cpu_conv.space_to_depth_geo(geo, dtype) is None
+                                    np.zeros((4, 4 // g, k, k), dtype), s, 0, 1, g)
+        assert cpu_conv.phases_geo(geo, dtype) is None
 
 
 def test_out_and_strided_input():

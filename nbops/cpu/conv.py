@@ -27,10 +27,10 @@ norm folded in) and ``act`` is 0 (none) or 1 (relu). Four algorithms:
   epilogue drops the padding columns. For 3x3 64->64 at 56x56 (M = 64 is
   too short for packing im2col panels to pay) 1.20x / 1.31x the best other
   algorithm at batch 1 / 8, paired; the autotuner keeps the others where
-  they win (large C at small maps, 1x1). Equal strides s >= 2 (no
-  dilation, one group) run it too, on the input dealt into s x s phases
-  that become channels (``_direct_space_to_depth``): the 7x7/2 stem as a
-  4x4 window over 12 channels.
+  they win (large C at small maps, 1x1). Strided convolutions run it
+  too, on the input dealt into sh x sw phases that become channels, each
+  tap a row of the phase it reads (``_direct_phases``: no tap added, a
+  3x3/2 window is four stride-1 windows of 4, 2, 2 and 1 taps).
 * ``blas``: im2col of one image (all of it, in parallel), the GEMM's BLAS
   route on it (SciPy's BLAS, one single-threaded call per band of the
   output inside Numba's threads), then the epilogue; an autotuner
@@ -79,14 +79,22 @@ def conv2d(x, w, wscale, bias, out, geo, act, algo="igemm", NC=256, KC=256):
     """``out = act(conv(x, w * wscale) + bias)`` (shapes in the module
     docstring); ``wscale`` and ``bias`` are per output channel or empty.
     ``algo`` picks the implicit GEMM, the direct convolution (where
-    ``direct_applies``, or on phases of the input for equal strides, see
-    ``space_to_depth_geo``; elsewhere the implicit GEMM) or the BLAS route for
+    ``direct_applies``, or on phases of the input for strided ones, see
+    ``phases_geo``; elsewhere the implicit GEMM) or the BLAS route for
     groups of more than one input channel; one input channel per group
     always runs the depthwise kernel. ``NC``/``KC``: pixels and k depth per
     packed block."""
     if out.size == 0:
         return out
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
+    if KH == KW == 1 and ph == pw == 0 and (sh, sw) != (1, 1) and C > G:
+        # a strided 1x1 convolution is a stride-1 one on the pixels it
+        # reads: copied out once (a quarter of the input at stride 2), they
+        # go through every algorithm's fastest path (the implicit GEMM reads
+        # them in place); 256->512 from 56x56 to 28x28: 0.70 -> 0.45 ms
+        x = _subsampled(x, geo)
+        geo = (C, OH, OW, 1, 1, 1, 1, 0, 0, 1, 1, OH, OW, G, CO)
+        sh = sw = 1
     xf, wf, of = x.reshape(-1), w.reshape(-1), out.reshape(-1)
     if C // G == 1 and sh <= 2 and sw <= 2:
         planes = of.size // (OH * OW)
@@ -97,8 +105,8 @@ def conv2d(x, w, wscale, bias, out, geo, act, algo="igemm", NC=256, KC=256):
         _depthwise(xf, wf, wscale, bias, of, geo, act)
     elif algo == "direct" and direct_applies(geo, out.dtype):
         _direct(x, w, wscale, bias, out, geo, act)
-    elif algo == "direct" and (geo_s := space_to_depth_geo(geo, out.dtype)) is not None:
-        _direct_space_to_depth(x, w, wscale, bias, out, geo, geo_s, act)
+    elif algo == "direct" and (geo_s := phases_geo(geo, out.dtype)) is not None:
+        _direct_phases(x, w, wscale, bias, out, geo, geo_s, act)
     elif algo == "blas":
         _blas_route(x, w, wscale, bias, out, geo, act)
     else:
@@ -106,6 +114,14 @@ def conv2d(x, w, wscale, bias, out, geo, act, algo="igemm", NC=256, KC=256):
         # config carries no block sizes
         _igemm(xf, wf, wscale, bias, of, geo, act, NC or 256, KC or 256)
     return out
+
+
+def _subsampled(x, geo):
+    """The input pixels a 1x1 convolution without padding reads at strides
+    (sh, sw), as a C-contiguous (n, C, OH, OW) array."""
+    C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
+    x4 = x.reshape(-1, C, H, W)
+    return np.ascontiguousarray(x4[:, :, :(OH - 1) * sh + 1:sh, :(OW - 1) * sw + 1:sw])
 
 
 # ---------------------------------------------------------------------------
@@ -454,7 +470,9 @@ def _padded(geo):
             max(W + 2 * pw, (OW - 1) * sw + (KW - 1) * dw + 1))
 
 
-def _direct(x, w, wscale, bias, out, geo, act):
+def _direct(x, w, wscale, bias, out, geo, act, boff=None):
+    # boff: the K rows' offsets in a group's padded planes where they are
+    # not the window's taps over ``geo``'s planes (``_direct_phases``)
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
     dtype = out.dtype
     mr, nr = DIRECT_TILES[dtype]
@@ -462,7 +480,9 @@ def _direct(x, w, wscale, bias, out, geo, act):
     plane = Hp * Wp
     span = OH * Wp
     cg, mg = C // G, CO // G
-    k = cg * KH * KW
+    if boff is None:
+        boff = _row_offsets(cg, KH, KW, plane, dh * Wp, dw)
+    k = boff.size
     n_img = x.size // (C * H * W)
     # weights (G, rows, k), folded scale applied, at least MR rows per group
     # (zero rows past mg: the tiles read MR rows and store mg of them)
@@ -472,7 +492,6 @@ def _direct(x, w, wscale, bias, out, geo, act):
         a = np.zeros((G, rows, k), dtype)
         a[:, :mg] = wk
         wk = a
-    boff = _row_offsets(cg, KH, KW, plane, dh * Wp, dw)
     # images in steps whose padded planes and output fit DIRECT_STEP_BYTES:
     # three parallel launches a step, not three an image
     per_img = (C * plane + CO * span) * dtype.itemsize
@@ -498,48 +517,52 @@ def _direct(x, w, wscale, bias, out, geo, act):
     return out
 
 
-def space_to_depth_geo(geo, dtype):
-    """The stride-1 geometry that a convolution of equal strides s >= 2
-    (no dilation, one group, a window that padding to a multiple of s
-    enlarges by at most half) becomes on its input dealt into s x s phases
-    (``_direct_space_to_depth``), or None where that does not apply or the
-    direct convolution would not run on it."""
+def phases_geo(geo, dtype):
+    """The stride-1 geometry that a strided convolution (one of the strides
+    at least 2, more than one input channel per group) has on its padded
+    input dealt into sh x sw phases (``_direct_phases``), or None where that
+    does not apply or the direct convolution would not run on it."""
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
-    if not (sh == sw >= 2 and dh == dw == 1 and G == 1 and C > 1):
+    if (sh, sw) == (1, 1) or C == G:
         return None
-    s = sh
-    khs, kws = -(-KH // s), -(-KW // s)
-    if khs * kws * s * s > 1.5 * KH * KW:
-        # the window's zero padding would add more than half the work (3x3
-        # or 1x1 at stride 2: 1.8x and 4x)
-        return None
-    hs = max(-(-(H + 2 * ph) // s), OH + khs - 1)
-    ws = max(-(-(W + 2 * pw) // s), OW + kws - 1)
-    geo_s = (C * s * s, hs, ws, khs, kws, 1, 1, 0, 0, 1, 1, OH, OW, 1, CO)
+    khs, kws = (KH - 1) * dh // sh + 1, (KW - 1) * dw // sw + 1
+    hs = max(-(-(H + 2 * ph) // sh), OH + khs - 1)
+    ws = max(-(-(W + 2 * pw) // sw), OW + kws - 1)
+    geo_s = (C * sh * sw, hs, ws, khs, kws, 1, 1, 0, 0, 1, 1, OH, OW, G, CO)
     return geo_s if direct_applies(geo_s, dtype) else None
 
 
-def _direct_space_to_depth(x, w, wscale, bias, out, geo, geo_s, act):
-    """A stride-s convolution as a stride-1 one: the padded input's s x s
-    phases become channels (channel c s^2 + p s + q, position (u, v) holds
-    input (c, s u + p, s v + q)) and the window, padded with zeros to a
-    multiple of s, is dealt the same way, so that
-    ``sum w[c, kh, kw] x[c, s i + kh, s j + kw]`` is unchanged. The 7x7/2
-    stem then runs the direct convolution (stride 1 only) on a 4x4 window
-    over 12 channels: 30% more multiply-adds than 147 taps, at the direct
-    kernel's rate instead of the implicit GEMM's strided packing. ``geo_s``
-    from :func:`space_to_depth_geo`."""
-    C, H, W, KH, KW, s, _, ph, pw, _, _, OH, OW, _, CO = geo
-    _, hs, ws, khs, kws = geo_s[:5]
+def _direct_phases(x, w, wscale, bias, out, geo, geo_s, act):
+    """A strided convolution as a stride-1 one: the padded input is dealt
+    into sh x sw phases (phase (a, b) of channel c is channel
+    ``(c sh + a) sw + b``, its position (u, v) holding padded input
+    ``(sh u + a, sw v + b)``), and tap (kh, kw) of channel c reads the
+    phase of ``(kh dh, kw dw)`` shifted by ``(kh dh // sh, kw dw // sw)``:
+    the direct convolution's table of row offsets says so, and the weights
+    stay as they are, every tap computed once (a 3x3/2 window is a 2x2, two
+    2x1 and a 1x1 window over the four phases). The 7x7/2 stem and the 3x3/2
+    layers run at the direct kernel's rate instead of the implicit GEMM's
+    strided packing. ``geo_s`` from :func:`phases_geo`."""
+    C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
+    _, hs, ws = geo_s[:3]
     n = x.size // (C * H * W)
-    xp = np.zeros((n, C, hs * s, ws * s), x.dtype)
+    xp = np.zeros((n, C, hs * sh, ws * sw), x.dtype)
     xp[:, :, ph:ph + H, pw:pw + W] = x.reshape(n, C, H, W)
-    xs = np.ascontiguousarray(xp.reshape(n, C, hs, s, ws, s).transpose(0, 1, 3, 5, 2, 4))
-    wp = np.zeros((CO, C, khs * s, kws * s), w.dtype)
-    wp[:, :, :KH, :KW] = w.reshape(CO, C, KH, KW)
-    wsd = np.ascontiguousarray(wp.reshape(CO, C, khs, s, kws, s).transpose(0, 1, 3, 5, 2, 4))
-    return _direct(xs.reshape(n, C * s * s, hs, ws), wsd.reshape(CO, C * s * s, khs, kws),
-                   wscale, bias, out, geo_s, act)
+    xs = np.ascontiguousarray(xp.reshape(n, C, hs, sh, ws, sw).transpose(0, 1, 3, 5, 2, 4))
+    boff = _phase_offsets(C // G, KH, KW, sh, sw, dh, dw, hs, ws)
+    return _direct(xs.reshape(n, C * sh * sw, hs, ws), w, wscale, bias, out, geo_s, act,
+                   boff)
+
+
+@functools.lru_cache(maxsize=64)
+def _phase_offsets(cg, KH, KW, sh, sw, dh, dw, hs, ws):
+    """Offsets of the K = (ci, kh, kw) rows of a strided convolution in its
+    input's phases (``_direct_phases``), in the weights' order."""
+    ci = np.arange(cg, dtype=np.int64)[:, None, None]
+    vh = np.arange(KH, dtype=np.int64)[None, :, None] * dh
+    vw = np.arange(KW, dtype=np.int64)[None, None, :] * dw
+    phase = (ci * sh + vh % sh) * sw + vw % sw
+    return (phase * (hs * ws) + (vh // sh) * ws + vw // sw).reshape(-1)
 
 
 @functools.lru_cache(maxsize=64)
