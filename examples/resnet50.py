@@ -9,7 +9,9 @@ shape changes), global average pooling, flatten and a 1000-way linear
 layer. Each bottleneck keeps its three conv-bn(-relu) runs in a
 ``Sequential``, so ``nn.fuse_modules`` folds every batch norm into its
 convolution and puts the relu in the convolution's epilogue: 53 fused
-convolution kernels, no batch norm pass left.
+convolution kernels, no batch norm pass left; the fused bottleneck adds
+its shortcut in its last convolution's epilogue too (``residual=``), so
+no residual pass is left either.
 
 Weights are random (PyTorch's default initialisation, random batch-norm
 statistics). Run::
@@ -52,6 +54,13 @@ class Bottleneck(nn.Module):
 
     def forward(self, x):
         shortcut = x if self.downsample is None else self.downsample(x)
+        last = self.branch[len(self.branch) - 1]
+        if isinstance(last, nn.FusedConv):
+            # fused: the residual sum and the relu in the last convolution's
+            # epilogue (one pass less over the block's output)
+            for i in range(len(self.branch) - 1):
+                x = self.branch[i](x)
+            return last(x, residual=shortcut, relu=True)
         if nbops.is_grad_enabled():
             return self.relu(nbops.add(self.branch(x), shortcut))
         # inference: the residual add and the relu as one pass, no temporary

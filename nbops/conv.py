@@ -73,7 +73,8 @@ _ACTS = {None: 0, "relu": 1}
 
 
 @operator("conv2d")
-def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, out=None):
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, out=None,
+           residual=None):
     """2-D convolution (cross-correlation, as ``torch.nn.functional.conv2d``).
 
     Parameters
@@ -95,6 +96,11 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, out=
         kernels skip padded positions.)
     out : array (N, CO, OH, OW), optional
         C-contiguous, the result's dtype and device, not overlapping inputs.
+    residual : array (N, CO, OH, OW), optional
+        Added to the result in the kernel's epilogue (a residual
+        connection's shortcut: no separate pass over the output); the
+        fused activations of :func:`conv_relu` and :func:`conv_bn_relu`
+        apply after it. Same dtype and device; must not overlap ``out``.
 
     Returns
     -------
@@ -110,7 +116,8 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, out=
         ``x`` not 4-D, ``weight`` not 4-D, channels not divisible by
         ``groups`` or not matching ``weight``, ``bias`` not (CO,), stride or
         dilation < 1, negative padding, "same" with a stride, a kernel
-        larger than the padded input, a bad ``out``.
+        larger than the padded input, a bad ``out``, a ``residual`` not of
+        the output's shape.
 
     Example
     -------
@@ -120,18 +127,20 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, out=
              [4., 4.]]]], dtype=float32)
     """
     return _conv("conv2d", 2, x, weight, bias, None, stride, padding, dilation, groups,
-                 None, out)[0]
+                 None, out, residual=residual)[0]
 
 
 @operator("conv1d")
-def conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, out=None):
+def conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, out=None,
+           residual=None):
     """1-D convolution (``torch.nn.functional.conv1d``), on the 2-D kernels
     with a unit height.
 
     ``x`` (N, C, L), ``weight`` (CO, C / groups, K), ``bias`` (CO,);
     ``stride``, ``dilation`` ints >= 1, ``padding`` an int >= 0, "valid" or
     "same"; ``groups`` as :func:`conv2d`. float32 or float64, CPU or CUDA.
-    Returns (N, CO, OL) or writes ``out``.
+    Returns (N, CO, OL) or writes ``out``; ``residual`` (N, CO, OL) is added
+    in the epilogue.
 
     Raises
     ------
@@ -144,13 +153,15 @@ def conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, out=
     array([[[1., 3., 5., 7.]]])
     """
     return _conv("conv1d", 1, x, weight, bias, None, stride, padding, dilation, groups,
-                 None, out)[0]
+                 None, out, residual=residual)[0]
 
 
 @operator("conv_relu", save=("inputs", "output"))
-def conv_relu(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, out=None):
-    """``relu(conv(x, weight) + bias)`` in one kernel: the relu runs in the
-    convolution's epilogue on each output tile while it is in cache.
+def conv_relu(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, out=None,
+              residual=None):
+    """``relu(conv(x, weight) + bias [+ residual])`` in one kernel: the relu
+    (after the residual, as a residual block's) runs in the convolution's
+    epilogue on each output tile while it is in cache.
 
     Arguments, shapes and errors as :func:`conv2d` (4-D ``x``/``weight``)
     or :func:`conv1d` (3-D), chosen by ``weight``'s rank.
@@ -168,12 +179,12 @@ def conv_relu(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, o
     """
     spatial = _spatial_of(weight)
     return _conv("conv_relu", spatial, x, weight, bias, None, stride, padding, dilation,
-                 groups, "relu", out)[0]
+                 groups, "relu", out, residual=residual)[0]
 
 
 @operator("conv_bn", save=("inputs", "output"))
 def conv_bn(x, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps=1e-5, stride=1,
-            padding=0, dilation=1, groups=1, out=None):
+            padding=0, dilation=1, groups=1, out=None, residual=None):
     """Convolution followed by evaluation-mode batch norm, as one kernel:
     ``conv(x, W * s) + (bias - bn_mean) * s + bn_bias`` with
     ``s = bn_weight / sqrt(bn_var + eps)``, folded while the weights are
@@ -181,7 +192,8 @@ def conv_bn(x, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps=1e-5, stri
 
     ``bias`` may be None; ``bn_mean``, ``bn_var``, ``bn_weight``,
     ``bn_bias`` are (CO,) arrays of ``x``'s dtype and device; ``eps`` > 0.
-    Other arguments as :func:`conv2d` (or :func:`conv1d` for 3-D tensors).
+    Other arguments as :func:`conv2d` (or :func:`conv1d` for 3-D tensors);
+    ``residual`` is added after the batch norm.
 
     Raises
     ------
@@ -196,18 +208,21 @@ def conv_bn(x, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps=1e-5, stri
     array([2., 2., 2., 2.])
     """
     return _conv_bn("conv_bn", x, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps,
-                    stride, padding, dilation, groups, None, out)
+                    stride, padding, dilation, groups, None, out, residual)
 
 
 @operator("conv_bn_relu", save=("inputs", "output"))
 def conv_bn_relu(x, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps=1e-5, stride=1,
-                 padding=0, dilation=1, groups=1, out=None):
+                 padding=0, dilation=1, groups=1, out=None, residual=None):
     """``relu(batch_norm(conv(x, weight, bias)))`` (batch norm in evaluation
     mode) as ONE convolution kernel: the folded weights
     ``weight * bn_weight / sqrt(bn_var + eps)`` are formed while they are
     packed, the folded bias and the relu applied in the epilogue on each
     output tile, and the output written once. Against conv2d, batch_norm and
     relu as three passes it saves two reads and two writes of the output.
+    With ``residual``: ``relu(batch_norm(conv(x)) + residual)``, the end of
+    a ResNet bottleneck, still one pass (the residual add and relu as a
+    separate pass would read two tensors and write one more).
 
     Arguments as :func:`conv_bn`.
 
@@ -223,7 +238,7 @@ def conv_bn_relu(x, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps=1e-5,
     array([0., 0., 0., 0.])
     """
     return _conv_bn("conv_bn_relu", x, weight, bias, bn_mean, bn_var, bn_weight, bn_bias,
-                    eps, stride, padding, dilation, groups, "relu", out)
+                    eps, stride, padding, dilation, groups, "relu", out, residual)
 
 
 @operator("fold_batch_norm")
@@ -385,29 +400,35 @@ def _as4d(x, spatial):
 
 
 def _conv(op, spatial, x, weight, bias, wscale, stride, padding, dilation, groups,
-          activation, out, scale_arrays=None):
+          activation, out, scale_arrays=None, residual=None):
     """Check, allocate and run one convolution kernel; returns ``(out, geo)``."""
     _checks.array(op, "x", x)
     _checks.array(op, "weight", weight)
     if bias is not None:
         _checks.array(op, "bias", bias)
-    _checks.same_dtype(op, x=x, weight=weight, bias=bias)
+    if residual is not None:
+        _checks.array(op, "residual", residual)
+    _checks.same_dtype(op, x=x, weight=weight, bias=bias, residual=residual)
     dev = _dispatch.resolve_device(op, x=x, weight=weight, bias=bias, out=out,
-                                   **(scale_arrays or {}))
+                                   residual=residual, **(scale_arrays or {}))
     geo, out_shape = _geometry(op, spatial, x, weight, stride, padding, dilation, groups)
     co = geo[-1]
     if bias is not None and tuple(bias.shape) != (co,):
         raise ValueError(f"{op}: argument 'bias' must have shape ({co},) to match 'weight' "
                          f"{tuple(weight.shape)}, got {tuple(bias.shape)}")
+    if residual is not None and tuple(residual.shape) != out_shape:
+        raise ValueError(f"{op}: argument 'residual' must have the output's shape "
+                         f"{out_shape}, got {tuple(residual.shape)}")
     out = _checks.output(op, out, out_shape, x.dtype, dev,
-                         {"x": x, "weight": weight, "bias": bias})
+                         {"x": x, "weight": weight, "bias": bias, "residual": residual})
     empty = _checks.empty((0,), x.dtype, dev)
     xc = _as4d(tensor.contiguous_array(x), spatial)
     wc = _as4d(tensor.contiguous_array(weight), spatial)
     bc = empty if bias is None else tensor.contiguous_array(bias)
     sc = empty if wscale is None else wscale
     o4 = _as4d(out, spatial)
-    args = (xc, wc, sc, bc, o4, geo, _ACTS[activation])
+    rc = empty if residual is None else _reshape(tensor.contiguous_array(residual), (-1,))
+    args = (xc, wc, sc, bc, o4, geo, _ACTS[activation], rc)
     if out.size == 0:
         return out, geo
     if dev == CUDA or geo[0] // geo[13] == 1:
@@ -451,7 +472,7 @@ def _scale_shift(dev, dtype, co, stats, eps):
 
 
 def _conv_bn(op, x, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps, stride, padding,
-             dilation, groups, activation, out):
+             dilation, groups, activation, out, residual):
     _checks.array(op, "weight", weight)
     if weight.ndim not in (3, 4):
         raise ValueError(f"{op}: argument 'weight' must be 4-D (out_channels, "
@@ -463,7 +484,7 @@ def _conv_bn(op, x, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps, stri
     dev, stats = _bn_args(op, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps, co)
     scale, shift = _scale_shift(dev, weight.dtype, co, stats, eps)
     return _conv(op, _spatial_of(weight), x, weight, shift, scale, stride, padding, dilation,
-                 groups, activation, out)[0]
+                 groups, activation, out, residual=residual)[0]
 
 
 # ---------------------------------------------------------------------------
@@ -507,8 +528,18 @@ def _conv_rule(spatial):
         geo, _ = _geometry("backward", spatial, x, w, *ctx.inputs[3:7])
         gx, gw, gb = _conv_grads(x, w, grad, geo, spatial, ctx.needs_input_grad[0],
                                  ctx.needs_input_grad[1], b is not None)
-        return (gx, gw, gb) + (None,) * (len(ctx.inputs) - 3)
+        return _with_residual(ctx, (gx, gw, gb), grad)
     return rule
+
+
+def _with_residual(ctx, grads, gz):
+    """One gradient per input: ``grads`` first, None for the rest but the
+    residual (the last parameter), whose gradient is ``gz``: the output's
+    gradient through the activation."""
+    rest = [None] * (len(ctx.inputs) - len(grads))
+    if ctx.inputs[-1] is not None:
+        rest[-1] = gz
+    return tuple(grads) + tuple(rest)
 
 
 def _relu_grad(grad, y):
@@ -524,7 +555,7 @@ def _conv_relu_rule(ctx, grad):
     gz = _relu_grad(grad, ctx.output)
     gx, gw, gb = _conv_grads(x, w, gz, geo, spatial, ctx.needs_input_grad[0],
                              ctx.needs_input_grad[1], b is not None)
-    return (gx, gw, gb) + (None,) * (len(ctx.inputs) - 3)
+    return _with_residual(ctx, (gx, gw, gb), gz)
 
 
 def _fold_chain(w, b, mean, var, gamma, eps, scale, gwf, gbf):
@@ -561,7 +592,7 @@ def _conv_bn_rule(relu):
         gx, gwf, gbf = _conv_grads(x, wf, gz, geo, spatial, ctx.needs_input_grad[0], True,
                                    True)
         rest = _fold_chain(w, b, mean, var, gamma, eps, scale, gwf, gbf)
-        return (gx,) + rest + (None,) * (len(ctx.inputs) - 7)
+        return _with_residual(ctx, (gx,) + rest, gz)
     return rule
 
 

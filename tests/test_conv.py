@@ -335,6 +335,76 @@ def test_fused_against_unfused(device, case):
     check(nbops.conv2d(dev[0], wf, bf, **kw), z, k=wt[0].size * 4)
 
 
+# depthwise (its own kernels: the residual in a pass of its own), 1x1 read in
+# place, stride 2 (phases under "direct"), grouped 3x3
+RESIDUAL = [CASES[0], CASES[7], CASES[13], CASES[1], CASES[6]]
+
+
+@pytest.mark.parametrize("case", RESIDUAL, ids=["3x3", "depthwise", "1x1", "strided-groups",
+                                                "depthwise-same"])
+def test_residual_in_the_epilogue(case, cpu_algo):
+    # act(conv + bias + residual) for every fused op and algorithm, batch
+    # norm folded or not; NaN in the residual propagates through the relu
+    x, wt, b, kw = _case(case)
+    mean, var, gamma, beta = _bn(wt.shape[0])
+    conv = _ref(x, wt, b, kw)
+    r = np.random.default_rng(9).standard_normal(conv.shape)
+    r.flat[3] = np.nan
+    z = ref_bn(conv, mean, var, gamma, beta, 1e-3) + r
+    k = wt[0].size * 4
+    check(nbops.conv2d(x, wt, b, residual=r, **kw), conv + r, k=k)
+    check(nbops.conv_relu(x, wt, b, residual=r, **kw), np.maximum(conv + r, 0), k=k)
+    check(nbops.conv_bn(x, wt, b, mean, var, gamma, beta, eps=1e-3, residual=r, **kw), z, k=k)
+    got = nbops.conv_bn_relu(x, wt, b, mean, var, gamma, beta, eps=1e-3, residual=r, **kw)
+    check(got, np.where(np.isnan(z), z, np.maximum(z, 0)), k=k)
+    assert np.isnan(got.flat[3])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_residual_default_blocks_float32_and_batches(dtype):
+    # the default (tuned-off) igemm blocks and the direct algorithm over
+    # several images, where each step's residual slice must line up
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((3, 24, 12, 13)).astype(dtype)
+    wt = rng.standard_normal((20, 24, 3, 3)).astype(dtype)
+    r = rng.standard_normal((3, 20, 12, 13)).astype(dtype)
+    want = np.maximum(_ref(x.astype(np.float64), wt.astype(np.float64), None,
+                           dict(stride=1, padding=1, dilation=1, groups=1)) + r, 0)
+    check(nbops.conv_relu(x, wt, padding=1, residual=r), want, dtype, k=wt[0].size)
+    from nbops.cpu import conv as cpu_conv
+
+    out = np.empty_like(r)
+    geo, _ = conv_mod._geometry("t", 2, x, wt, 1, 1, 1, 1)
+    e = np.empty(0, dtype)
+    cpu_conv._direct(x, wt, e, e, out, geo, 1, r.reshape(-1))
+    check(out, want, dtype, k=wt[0].size)
+
+
+def test_residual_cuda_conv1d_and_gradcheck():
+    x, wt, b, kw = _case(CASES[1])
+    r = np.random.default_rng(11).standard_normal(_ref(x, wt, b, kw).shape)
+    got = nbops.conv_relu(*(to_dev(a, "cuda") for a in (x, wt, b)), residual=to_dev(r, "cuda"),
+                          **kw)
+    check(got, np.maximum(_ref(x, wt, b, kw) + r, 0), k=wt[0].size)
+    rng = np.random.default_rng(12)
+    x1, w1, r1 = (rng.standard_normal(s) for s in ((2, 4, 9), (6, 2, 3), (2, 6, 5)))
+    want = ref_conv1d(x1, w1, None, 2, 1, groups=2) + r1
+    check(nbops.conv1d(x1, w1, stride=2, padding=1, groups=2, residual=r1), want, k=6)
+    # the residual's gradient is the output's, through the relu
+    x, wt, b, kw = _case(GRAD_CASES[0], seed=13)
+    stats = _bn(wt.shape[0])
+    r = np.random.default_rng(14).standard_normal(_ref(x, wt, b, kw).shape)
+    ts = [Tensor(a, requires_grad=True) for a in (x, wt, b) + stats + (r,)]
+    assert gradcheck(lambda a, c, d, m, v, g, be, res: nbops.conv_bn_relu(
+        a, c, d, m, v, g, be, eps=0.1, residual=res, **kw), ts)
+    ts = [Tensor(a, requires_grad=True) for a in (x, wt, r)]
+    assert gradcheck(lambda a, c, res: nbops.conv2d(a, c, residual=res, **kw), ts)
+    ts = [Tensor(a, requires_grad=True) for a in (x, wt, r)]
+    y = nbops.conv_relu(ts[0], ts[1], residual=ts[2], **kw)
+    y.sum().backward()
+    np.testing.assert_array_equal(ts[2].grad, (y.data > 0).astype(float))
+
+
 def test_fused_float32_and_conv1d():
     rng = np.random.default_rng(2)
     x = rng.standard_normal((2, 6, 13)).astype(np.float32)
@@ -461,6 +531,14 @@ def test_conv1d_and_fused_errors():
         nbops.fold_batch_norm(W4, None, np.ones(3), c, c, c)
     with pytest.raises(ValueError, match="conv_relu: argument 'weight' must be 4-D"):
         nbops.conv_relu(X4, np.zeros((6, 2, 3, 3, 1)), groups=2)
+    with pytest.raises(ValueError, match=r"conv_bn: argument 'residual' must have the "
+                                         r"output's shape \(1, 6, 3, 3\), got \(1, 6, 3, 4\)"):
+        nbops.conv_bn(X4, W4, None, c, c, c, c, groups=2, residual=np.zeros((1, 6, 3, 4)))
+    with pytest.raises(TypeError, match="'x' is float64 but 'residual' is float32"):
+        nbops.conv2d(X4, W4, groups=2, residual=np.zeros((1, 6, 3, 3), np.float32))
+    r = np.zeros((1, 6, 3, 3))
+    with pytest.raises(ValueError, match="overlap"):
+        nbops.conv_relu(X4, W4, groups=2, residual=r, out=r)
 
 
 # ---------------------------------------------------------------------------

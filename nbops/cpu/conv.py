@@ -75,9 +75,11 @@ TASKS_PER_THREAD = 2
 U = np.uint64
 
 
-def conv2d(x, w, wscale, bias, out, geo, act, algo="igemm", NC=256, KC=256):
-    """``out = act(conv(x, w * wscale) + bias)`` (shapes in the module
-    docstring); ``wscale`` and ``bias`` are per output channel or empty.
+def conv2d(x, w, wscale, bias, out, geo, act, res, algo="igemm", NC=256, KC=256):
+    """``out = act(conv(x, w * wscale) + bias + res)`` (shapes in the module
+    docstring); ``wscale`` and ``bias`` are per output channel or empty,
+    ``res`` (a residual added before the activation) is ``out``'s shape seen
+    flat, or empty.
     ``algo`` picks the implicit GEMM, the direct convolution (where
     ``direct_applies``, or on phases of the input for strided ones, see
     ``phases_geo``; elsewhere the implicit GEMM) or the BLAS route for
@@ -96,24 +98,38 @@ def conv2d(x, w, wscale, bias, out, geo, act, algo="igemm", NC=256, KC=256):
         geo = (C, OH, OW, 1, 1, 1, 1, 0, 0, 1, 1, OH, OW, G, CO)
         sh = sw = 1
     xf, wf, of = x.reshape(-1), w.reshape(-1), out.reshape(-1)
-    if C // G == 1 and sh <= 2 and sw <= 2:
-        planes = of.size // (OH * OW)
-        Hp, Wp = _padded(geo)
-        _depthwise_padded(xf, wf, wscale, bias, of, geo, act, Hp, Wp,
-                          max(1, min(planes, 4 * get_num_threads())))
-    elif C // G == 1:
-        _depthwise(xf, wf, wscale, bias, of, geo, act)
+    if C // G == 1:
+        # the depthwise kernels have no residual in their epilogues: one
+        # more pass adds it (MobileNet's residuals follow 1x1 convolutions)
+        dw_act = 0 if res.size else act
+        if sh <= 2 and sw <= 2:
+            planes = of.size // (OH * OW)
+            Hp, Wp = _padded(geo)
+            _depthwise_padded(xf, wf, wscale, bias, of, geo, dw_act, Hp, Wp,
+                              max(1, min(planes, 4 * get_num_threads())))
+        else:
+            _depthwise(xf, wf, wscale, bias, of, geo, dw_act)
+        if res.size:
+            _add_residual(of, res, act)
     elif algo == "direct" and direct_applies(geo, out.dtype):
-        _direct(x, w, wscale, bias, out, geo, act)
+        _direct(x, w, wscale, bias, out, geo, act, res)
     elif algo == "direct" and (geo_s := phases_geo(geo, out.dtype)) is not None:
-        _direct_phases(x, w, wscale, bias, out, geo, geo_s, act)
+        _direct_phases(x, w, wscale, bias, out, geo, geo_s, act, res)
     elif algo == "blas":
-        _blas_route(x, w, wscale, bias, out, geo, act)
+        _blas_route(x, w, wscale, bias, out, geo, act, res)
     else:
         # the implicit GEMM; also "direct" where it does not apply, whose
         # config carries no block sizes
-        _igemm(xf, wf, wscale, bias, of, geo, act, NC or 256, KC or 256)
+        _igemm(xf, wf, wscale, bias, of, geo, act, res, NC or 256, KC or 256)
     return out
+
+
+@cpu_kernel(parallel=True)
+def _add_residual(of, res, act):
+    zero = of.dtype.type(0)
+    for i in prange(of.size):
+        v = of[i] + res[i]
+        of[i] = v if act == 0 or not v < zero else zero
 
 
 def _subsampled(x, geo):
@@ -128,7 +144,7 @@ def _subsampled(x, geo):
 # Implicit GEMM
 
 
-def _igemm(xf, wf, wscale, bias, of, geo, act, NC, KC):
+def _igemm(xf, wf, wscale, bias, of, geo, act, res, NC, KC):
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
     n_img = xf.size // (C * H * W)
     mr, nr = _linalg.TILES[of.dtype]
@@ -158,7 +174,7 @@ def _igemm(xf, wf, wscale, bias, of, geo, act, NC, KC):
     if sw > 1 and KW > 1:
         xf, wq = _column_phases(xf, W, sw), -(-W // sw)
     _igemm_drivers(of.dtype)(xf, apk, bias, of, geo, ncol, nj, mch, act, of.dtype.type(0),
-                             nchunks, wq, _rows_in_place(geo))
+                             nchunks, wq, _rows_in_place(geo), res)
 
 
 def _rows_in_place(geo):
@@ -217,13 +233,18 @@ def _pack_weights(wf, wscale, apk, mg, k):
 
 
 @register_jitable
-def _epilogue_rows(of, coff, ld, rows, cols, bias, row0, act, zero):
-    """``act(C + bias[row])`` over a rows x cols tile of C at ``coff``."""
+def _epilogue_rows(of, coff, ld, rows, cols, bias, row0, act, zero, res):
+    """``act(C + bias[row] + R)`` over a rows x cols tile of C at ``coff``;
+    the residual R (empty: none) is laid out as C."""
     has_bias = bias.size > 0
     for i in range(rows):
         r0 = U(coff + i * ld)
         b = bias[row0 + i] if has_bias else zero
-        if act == 1:
+        if res.size > 0:
+            for j in range(U(cols)):
+                v = of[r0 + j] + b + res[r0 + j]
+                of[r0 + j] = v if act == 0 or not v < zero else zero
+        elif act == 1:
             for j in range(U(cols)):
                 v = of[r0 + j] + b
                 of[r0 + j] = v if not v < zero else zero
@@ -334,7 +355,7 @@ def _pack_cols_t(xf, xoff, geo, pc, kc, jc, nc, bpack, line, zero, wq, in_place)
                 bpack[jr, p, i] = line[l0 + i]
 
 
-def _igemm_t(xf, apk, bias, of, geo, ncol, nj, mch, act, zero, nchunks, wq, in_place):
+def _igemm_t(xf, apk, bias, of, geo, ncol, nj, mch, act, zero, nchunks, wq, in_place, res):
     # wq > 0: xf holds the input's columns in sw phases of wq (_column_phases);
     # in_place: whole slivers are read from the input (_rows_in_place)
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
@@ -410,7 +431,7 @@ def _igemm_t(xf, apk, bias, of, geo, ncol, nj, mch, act, zero, nchunks, wq, in_p
                                                         cols, first)
                             if q == nk - 1:
                                 _epilogue_rows(of, coff, p_all, rows, cols, bias,
-                                               g * mg + ir * MR, act, zero)
+                                               g * mg + ir * MR, act, zero, res)
 
 
 _DRIVERS = {}
@@ -470,7 +491,7 @@ def _padded(geo):
             max(W + 2 * pw, (OW - 1) * sw + (KW - 1) * dw + 1))
 
 
-def _direct(x, w, wscale, bias, out, geo, act, boff=None):
+def _direct(x, w, wscale, bias, out, geo, act, res, boff=None):
     # boff: the K rows' offsets in a group's padded planes where they are
     # not the window's taps over ``geo``'s planes (``_direct_phases``)
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
@@ -502,6 +523,7 @@ def _direct(x, w, wscale, bias, out, geo, act, boff=None):
     ntile = (span + nr - 1) // nr
     nq = -(-ntile // DIRECT_TILES_PER_TASK)
     xf, of = x.reshape(n_img, -1), out.reshape(n_img, -1)
+    rf = res.reshape(n_img, -1) if res.size else res
     kern = _direct_driver(dtype)
     for n0 in range(0, n_img, step):
         m = min(step, n_img - n0)
@@ -513,7 +535,7 @@ def _direct(x, w, wscale, bias, out, geo, act, boff=None):
         kern(wk.reshape(-1), rows, mg, k, xpad, cg * plane, boff, cbuf, span, ntile, nq, nb,
              G, m)
         _direct_epilogue(cbuf, span, of[n0:n0 + m].reshape(-1), m * CO, CO, OH, OW, Wp,
-                         bias, act)
+                         bias, act, rf[n0:n0 + m].reshape(-1) if res.size else res)
     return out
 
 
@@ -532,7 +554,7 @@ def phases_geo(geo, dtype):
     return geo_s if direct_applies(geo_s, dtype) else None
 
 
-def _direct_phases(x, w, wscale, bias, out, geo, geo_s, act):
+def _direct_phases(x, w, wscale, bias, out, geo, geo_s, act, res):
     """A strided convolution as a stride-1 one: the padded input is dealt
     into sh x sw phases (phase (a, b) of channel c is channel
     ``(c sh + a) sw + b``, its position (u, v) holding padded input
@@ -551,7 +573,7 @@ def _direct_phases(x, w, wscale, bias, out, geo, geo_s, act):
     xs = np.ascontiguousarray(xp.reshape(n, C, hs, sh, ws, sw).transpose(0, 1, 3, 5, 2, 4))
     boff = _phase_offsets(C // G, KH, KW, sh, sw, dh, dw, hs, ws)
     return _direct(xs.reshape(n, C * sh * sw, hs, ws), w, wscale, bias, out, geo_s, act,
-                   boff)
+                   res, boff)
 
 
 @functools.lru_cache(maxsize=64)
@@ -595,16 +617,21 @@ def _into_plane(pad, d0, Wp, xf, s0, H, W):
 
 
 @cpu_kernel(parallel=True)
-def _direct_epilogue(cbuf, span, of, planes, CO, OH, OW, Wp, bias, act):
-    # the OW valid columns of each row at pitch Wp, plus bias, relu, for the
-    # step's planes = images * CO output planes
+def _direct_epilogue(cbuf, span, of, planes, CO, OH, OW, Wp, bias, act, res):
+    # the OW valid columns of each row at pitch Wp, plus bias (and the
+    # residual, laid out as the output), relu, for the step's planes =
+    # images * CO output planes
     zero = of.dtype.type(0)
     for co in prange(planes):
         b = bias[co % CO] if bias.size > 0 else zero
         for oh in range(OH):
             a0 = U(co * span + oh * Wp)
             o0 = U((co * OH + oh) * OW)
-            if act == 1:
+            if res.size > 0:
+                for ow in range(U(OW)):
+                    v = cbuf[a0 + ow] + b + res[o0 + ow]
+                    of[o0 + ow] = v if act == 0 or not v < zero else zero
+            elif act == 1:
                 for ow in range(U(OW)):
                     v = cbuf[a0 + ow] + b
                     of[o0 + ow] = v if not v < zero else zero
@@ -897,7 +924,7 @@ def _group_weights(w, wscale, G, mg, k):
     return wm * wscale.reshape(G, mg, 1) if wscale.size else wm
 
 
-def _blas_route(x, w, wscale, bias, out, geo, act):
+def _blas_route(x, w, wscale, bias, out, geo, act, res):
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
     mg, k, p = CO // G, (C // G) * KH * KW, OH * OW
     wm = _group_weights(w, wscale, G, mg, k)
@@ -920,14 +947,15 @@ def _blas_route(x, w, wscale, bias, out, geo, act):
             im2col(x[n:n + 1], geo, col)
         _linalg.gemm_blas(wflat, offa, k, 1, col.reshape(-1), offb, p, 1,
                           out[n].reshape(G, mg, p), mg, p, k, none, 0, prm, cst)
-        if act or bias.size:
-            _epilogue_all(out[n].reshape(-1), p, CO, bias, act, zero)
+        if act or bias.size or res.size:
+            _epilogue_all(out[n].reshape(-1), p, CO, bias, act, zero,
+                          res[n * CO * p:(n + 1) * CO * p] if res.size else res)
 
 
 @cpu_kernel(parallel=True)
-def _epilogue_all(of, p, rows, bias, act, zero):
+def _epilogue_all(of, p, rows, bias, act, zero, res):
     for r in prange(rows):
-        _epilogue_rows(of, r * p, p, 1, p, bias, r, act, zero)
+        _epilogue_rows(of, r * p, p, 1, p, bias, r, act, zero, res)
 
 
 # ---------------------------------------------------------------------------

@@ -7,8 +7,8 @@ plane's weights are staged through shared memory in chunks of ``WCHUNK``
 taps, each read by every thread of the block, and each thread accumulates
 one output pixel (neighbouring threads own neighbouring pixels, so input
 reads and output stores coalesce along a row). The per-channel weight
-scale (folded batch norm), the bias and the relu are applied to the
-accumulator before the single store. ``geo`` is the CPU kernels' tuple
+scale (folded batch norm), the bias, a residual and the relu are applied
+to the accumulator before the single store. ``geo`` is the CPU kernels' tuple
 ``(C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO)``.
 
 Backward: ``im2col`` writes one patch-matrix element per thread;
@@ -32,7 +32,7 @@ MAX_TILES, MAX_PLANES = (2, 4) if SIMULATED else (4096, 65535)
 
 def _make_forward(nbtype):
     @cuda.jit
-    def conv_forward(x, w, wscale, bias, out, geo, act):
+    def conv_forward(x, w, wscale, bias, out, geo, act, res):
         C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
         wsh = cuda.shared.array(WCHUNK, nbtype)
         n_img = x.shape[0]
@@ -79,6 +79,8 @@ def _make_forward(nbtype):
                                 acc += wsh[e] * x[n, c0 + ci, ih, iw]
                 if p < p_all:
                     v = acc * s + b
+                    if res.size > 0:
+                        v += res[plane * p_all + p]
                     if act == 1 and v < zero:
                         v = zero
                     out[n, co, oh, ow] = v
@@ -90,17 +92,17 @@ _FORWARD = {np.dtype(np.float32): _make_forward(float32),
             np.dtype(np.float64): _make_forward(float64)}
 
 
-def conv2d(x, w, wscale, bias, out, geo, act):
-    """``out = act(conv(x, w * wscale) + bias)``; arguments as the CPU
+def conv2d(x, w, wscale, bias, out, geo, act, res):
+    """``out = act(conv(x, w * wscale) + bias + res)``; arguments as the CPU
     kernel's (4-D NCHW device arrays, ``wscale``/``bias`` per output
-    channel or empty)."""
+    channel or empty, ``res`` the output's shape seen flat or empty)."""
     if out.size == 0:
         return out
     p_all = geo[11] * geo[12]
     planes = int(x.shape[0]) * geo[14]
     tiles = min(MAX_TILES, -(-p_all // THREADS))
     _FORWARD[np.dtype(out.dtype)][(tiles, min(planes, MAX_PLANES)), THREADS](
-        x, w, wscale, bias, out, geo, act)
+        x, w, wscale, bias, out, geo, act, res)
     return out
 
 

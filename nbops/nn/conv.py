@@ -140,11 +140,16 @@ class FusedConv(Module):
         self.bias = None if bias is None else Parameter(bias)
         self.train(conv_layer.training)
 
-    def forward(self, x):
+    def forward(self, x, residual=None, relu=None):
+        """The fused convolution of ``x``; ``residual`` (the output's shape)
+        is added in the same kernel, before the relu; ``relu`` (True/False)
+        overrides the layer's own for this call: a residual block whose relu
+        follows the sum calls its last (conv-bn) layer with
+        ``residual=shortcut, relu=True``."""
         weight, bias = _operands(x, self.weight, self.bias)
         kw = dict(stride=self.stride, padding=self.padding, dilation=self.dilation,
-                  groups=self.groups)
-        if self.relu:
+                  groups=self.groups, residual=residual)
+        if self.relu if relu is None else relu:
             return conv.conv_relu(x, weight, bias, **kw)
         fn = conv.conv2d if self._spatial == 2 else conv.conv1d
         return fn(x, weight, bias, **kw)
