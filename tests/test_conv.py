@@ -230,7 +230,8 @@ def test_direct_algorithm_fused_and_batched(monkeypatch, dtype, step_bytes):
                                          (2, 8, 6, 6, 16, 1, 0, 1, 1),
                                          (1, 6, 14, 14, 44, 3, 1, 1, 2),   # 22 = 8 + 8 + 6
                                          (1, 3, 5, 9, 5, (2, 4), "same", (2, 1), 1),
-                                         (3, 2, 3, 14, 4, 3, 1, 1, 1)]:    # span == NR
+                                         (3, 2, 3, 14, 4, 3, 1, 1, 1),     # span == NR
+                                         (2, 5, 9, 11, 6, (3, 1), 0, 1, 1)]:  # in place
         kh, kw_ = (k, k) if isinstance(k, int) else k
         x = rng.standard_normal((n, c, h, w)).astype(dtype)
         wt = rng.standard_normal((co, c // g, kh, kw_)).astype(dtype)
@@ -244,6 +245,10 @@ def test_direct_algorithm_fused_and_batched(monkeypatch, dtype, step_bytes):
         want = np.maximum(_ref(x.astype(np.float64), wf.astype(np.float64),
                                bf.astype(np.float64), dict(stride=1, **kw)), 0)
         check(got, want, dtype=dtype, k=wt[0].size)
+        # no epilogue at all (1x1 and 3x1 without padding: the kernel's
+        # stores are the output)
+        want = _ref(x.astype(np.float64), wt.astype(np.float64), None, dict(stride=1, **kw))
+        check(nbops.conv2d(x, wt, **kw), want, dtype=dtype, k=wt[0].size)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

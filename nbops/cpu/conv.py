@@ -517,9 +517,13 @@ def _direct(x, w, wscale, bias, out, geo, act, res, boff=None):
     # three parallel launches a step, not three an image
     per_img = (C * plane + CO * span) * dtype.itemsize
     step = max(1, min(n_img, DIRECT_STEP_BYTES // per_img))
+    # no padding and a one-column window (1x1): the planes are the input's
+    # own and the output's pitch is Wp, so the kernel reads x and writes out
+    # where they lie (a 1x1 1024->256 at 14x14: two copies less, 10%)
+    in_place = KW == 1 and Hp == H and Wp == W == OW
     # the last tile's rows read up to (KW - 1) * dw past the last plane
-    xpad = np.zeros(step * C * plane + (KW - 1) * dw, dtype)
-    cbuf = np.empty(step * CO * span, dtype)
+    xpad = None if in_place else np.zeros(step * C * plane + (KW - 1) * dw, dtype)
+    cbuf = None if in_place else np.empty(step * CO * span, dtype)
     ntile = (span + nr - 1) // nr
     nq = -(-ntile // DIRECT_TILES_PER_TASK)
     xf, of = x.reshape(n_img, -1), out.reshape(n_img, -1)
@@ -531,11 +535,14 @@ def _direct(x, w, wscale, bias, out, geo, act, res, boff=None):
         # threads idle (a 14 x 14 map is 7 tiles: one task per image)
         nb = max(1, min(-(-mg // mr),
                         -(-DIRECT_TASKS_PER_THREAD * get_num_threads() // (m * G * nq))))
-        _pad_planes(xf[n0:n0 + m].reshape(-1), xpad, m * C, H, W, ph, pw, Wp, plane)
-        kern(wk.reshape(-1), rows, mg, k, xpad, cg * plane, boff, cbuf, span, ntile, nq, nb,
-             G, m)
-        _direct_epilogue(cbuf, span, of[n0:n0 + m].reshape(-1), m * CO, CO, OH, OW, Wp,
-                         bias, act, rf[n0:n0 + m].reshape(-1) if res.size else res)
+        xs, os_ = xf[n0:n0 + m].reshape(-1), of[n0:n0 + m].reshape(-1)
+        if not in_place:
+            _pad_planes(xs, xpad, m * C, H, W, ph, pw, Wp, plane)
+        kern(wk.reshape(-1), rows, mg, k, xs if in_place else xpad, cg * plane, boff,
+             os_ if in_place else cbuf, span, ntile, nq, nb, G, m)
+        if not in_place or act or bias.size or res.size:
+            _direct_epilogue(os_ if in_place else cbuf, span, os_, m * CO, CO, OH, OW, Wp,
+                             bias, act, rf[n0:n0 + m].reshape(-1) if res.size else res)
     return out
 
 
