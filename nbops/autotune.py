@@ -4,8 +4,8 @@
 configuration as keyword arguments. The first time a key (the values of the
 named arguments, rounded up to powers of two, plus the dtype of the first
 array argument) is seen, every config is run on the real arguments (one
-warm-up each, ``WARM_UP`` seconds more of them all, then ``repeat`` rounds
-that time every config once; a config's median counts); the fastest is kept
+warm-up each, ``WARM_UP`` seconds more of them all, then ``repeat`` or more
+rounds that time every config once; a config's median counts); the fastest is kept
 in memory and in a JSON file in the user's cache directory, and reused
 afterwards, also by later processes (unless other processes took more than
 ``LOAD_LIMIT`` of the CPUs while it was timed: that choice serves the
@@ -58,18 +58,29 @@ import warnings
 __all__ = ["autotune", "Autotuner", "AutotuneCacheWarning", "enabled", "cache_dir",
            "cache_path", "device_name", "register_tuning", "tune_main"]
 
-#: Cache file format. 3: tunings that other processes disturbed are no
+#: Cache file format. 4: more timed rounds for cheap tunings (``ROUND_BUDGET``)
+#: and new convolution algorithms (strided ones on input phases, 1x1 read in
+#: place) that format 3 choices never timed. 3: tunings that other processes disturbed are no
 #: longer stored (``LOAD_LIMIT``); format 2 files may hold such, and are
 #: re-tuned. 2: configs timed round by round after a warm-up, and new routes
 #: among them (the GEMM's matrix-vector route, the convolution's BLAS route
 #: off NumPy's thread pool); format 1 files held choices timed one config
 #: block at a time, some under load.
-FORMAT = 3
+FORMAT = 4
 
 #: Seconds of untimed runs before a tuning's timed rounds (and, in the
 #: benchmark harness, after each pause): on the development VM the first
 #: 5-10 ms of work after an idle spell ran up to 3.5x slower than the rest.
 WARM_UP = 0.02
+
+#: Timed rounds continue past ``repeat`` while they have taken less than
+#: ``ROUND_BUDGET`` seconds, up to ``MAX_ROUNDS``: five single calls decided
+#: near ties (4%) by noise (a 1x1 convolution's direct algorithm stored at
+#: 256 us against the implicit GEMM's 263; interleaved over 21 rounds the
+#: GEMM took 246-262 us and the direct one 263-277). Small shapes are
+#: cheap to time more often.
+ROUND_BUDGET = 0.25
+MAX_ROUNDS = 31
 
 
 #: Share of the machine's CPU time (all CPUs over the tuning's duration)
@@ -356,9 +367,11 @@ class Autotuner:
         time each config once, in alternating order, so that a burst of
         load from elsewhere hits all configs alike instead of the one being
         timed in its block (blocks per config once stored a 24 ms time
-        against 3 ms for the same shape, and the choice with it). The
-        median of a config's rounds counts; rounds stop early once they
-        have taken 2 s and at least 3 (large shapes).
+        against 3 ms for the same shape, and the choice with it), and more
+        rounds follow while they have taken under ``ROUND_BUDGET`` seconds
+        (up to ``MAX_ROUNDS``). The median of a config's rounds counts;
+        rounds stop early once they have taken 2 s and at least 3 (large
+        shapes).
         """
         key = key or self.key_of(args, kwargs)
         device = device or self._device(args, kwargs)
@@ -380,7 +393,9 @@ class Autotuner:
                         break
         order = list(samples)
         spent = 0.0
-        for r in range(self.repeat):
+        for r in range(max(self.repeat, MAX_ROUNDS)):
+            if r >= self.repeat and spent > ROUND_BUDGET:
+                break
             for i in (order if r % 2 == 0 else order[::-1]):
                 t0 = time.perf_counter()
                 self._call(args, kwargs, self.configs[i])

@@ -123,6 +123,7 @@ def test_tuning_rounds_interleave_configs(monkeypatch):
     # each round times every config once, in alternating order, after one
     # warm-up run each: a burst of load then hits all configs alike
     monkeypatch.setattr(at, "WARM_UP", 0.0)
+    monkeypatch.setattr(at, "ROUND_BUDGET", 0.0)
     calls = []
     f = make_tuner(calls)
     f(np.ones(2, np.float32), n=3)
@@ -130,6 +131,18 @@ def test_tuning_rounds_interleave_configs(monkeypatch):
     assert calls[:3] == [a, b, c]                       # warm-up
     assert calls[3:12] == [a, b, c, c, b, a, a, b, c]   # three rounds
     assert calls[12:] == [b]                            # the call itself, with the winner
+
+
+@pytest.mark.parametrize("budget,max_rounds,rounds", [(0.21, 31, 4), (10.0, 5, 5)])
+def test_cheap_tunings_take_more_rounds(monkeypatch, budget, max_rounds, rounds):
+    # rounds go on past ``repeat`` (3) while they took under ROUND_BUDGET
+    # seconds (0.06 s a round here), up to MAX_ROUNDS
+    monkeypatch.setattr(at, "WARM_UP", 0.0)
+    monkeypatch.setattr(at, "ROUND_BUDGET", budget)
+    monkeypatch.setattr(at, "MAX_ROUNDS", max_rounds)
+    calls = []
+    make_tuner(calls)(np.ones(2, np.float32), n=3)
+    assert len(calls) == 3 + 3 * rounds + 1
 
 
 def test_disabled_uses_default(monkeypatch):
