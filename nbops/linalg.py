@@ -45,14 +45,21 @@ IMPLS = ("auto", "nbops", "blas")
 #: KC x NC panels of B (256 x 2048: 2 MiB, in L3); stacks of products
 #: whose m, n and k are all at most SMALL (and at least one product per
 #: thread, C at least one vector wide: ``nbops.cpu.linalg.small_route``)
-#: take the non-packing small-product driver instead.
-DEFAULT_CONFIG = {"impl": "nbops", "MC": 64, "KC": 256, "NC": 2048, "SMALL": 128}
+#: take the non-packing small-product driver instead, and single products
+#: of up to 512 rows by a B with contiguous columns (``x @ W.T``, a linear
+#: layer: ``nbops.cpu.linalg.stream_route``) the streamed-weight driver,
+#: each task owning STREAM = 64 columns of C.
+DEFAULT_CONFIG = {"impl": "nbops", "MC": 64, "KC": 256, "NC": 2048, "SMALL": 128,
+                  "STREAM": 64}
 
 #: Candidates the autotuner times on the CPU: block sizes of nbops' packed
-#: kernel around the default (small-product route off, SMALL=0), a wider
-#: small-product bound, and NumPy's BLAS.
+#: kernel around the default (small-product and streamed-weight routes off,
+#: SMALL=0 and no STREAM), a wider small-product bound, the streamed-weight
+#: route's k slices and column blocks, and NumPy's BLAS.
 GEMM_CONFIGS = [
     DEFAULT_CONFIG,
+    {"impl": "nbops", "MC": 64, "KC": 512, "NC": 2048, "SMALL": 128, "STREAM": 64},
+    {"impl": "nbops", "MC": 64, "KC": 256, "NC": 2048, "SMALL": 128, "STREAM": 128},
     {"impl": "nbops", "MC": 64, "KC": 256, "NC": 2048, "SMALL": 0},
     {"impl": "nbops", "MC": 64, "KC": 256, "NC": 2048, "SMALL": 256},
     {"impl": "nbops", "MC": 96, "KC": 256, "NC": 2048, "SMALL": 0},
@@ -64,14 +71,17 @@ GEMM_CONFIGS = [
 ]
 
 
-@_autotune.autotune(configs=GEMM_CONFIGS, key=["m", "n", "k", "batch"],
+@_autotune.autotune(configs=GEMM_CONFIGS, key=["m", "n", "k", "batch", "wt"],
                     default=DEFAULT_CONFIG, name="nbops.gemm")
-def _cpu_gemm(args, m, n, k, batch, dtype, impl, MC, KC, NC, SMALL=None):
+def _cpu_gemm(args, m, n, k, batch, wt, dtype, impl, MC, KC, NC, SMALL=None, STREAM=0):
+    # wt: B has contiguous columns (x @ W.T), where the streamed-weight
+    # route applies: tuned apart from the same sizes with a row-major B
     if SMALL is None:  # a config written before the small-product route existed
         SMALL = DEFAULT_CONFIG["SMALL"]
     if impl == "blas":
         return _dispatch.kernel("gemm_blas", CPU)(*args)
-    return _dispatch.kernel("gemm", CPU)(*args, MC=MC, KC=KC, NC=NC, SMALL=SMALL)
+    return _dispatch.kernel("gemm", CPU)(*args, MC=MC, KC=KC, NC=NC, SMALL=SMALL,
+                                         STREAM=STREAM)
 
 
 # ---------------------------------------------------------------------------
@@ -232,7 +242,8 @@ def _gemm(op, dev, a, b, out3, bias, act, prm, impl):
         return _dispatch.kernel("gemm", CUDA)(*args)
     only = None if impl == "auto" else {"impl": impl}
     dtype = _DTYPE_NAMES.get(a.dtype) or np.dtype(a.dtype).name
-    return _cpu_gemm.run((args,), dict(m=m, n=n, k=k, batch=_shp(out3)[0], dtype=dtype),
+    return _cpu_gemm.run((args,), dict(m=m, n=n, k=k, batch=_shp(out3)[0],
+                                       wt=bool(sbk == 1 and n > 1), dtype=dtype),
                          only=only, gpu=False)
 
 
@@ -556,6 +567,8 @@ def _tune_gemm(dtype, quick):
         a = rng.standard_normal(lead + (m, k)).astype(dtype)
         b = rng.standard_normal(lead + (k, n)).astype(dtype)
         matmul(a, b)
+        if batch == 1:  # and as a linear layer, tuned apart (B = W.T)
+            linear(a, np.ascontiguousarray(b.T))
 
 
 _autotune.register_tuning(

@@ -255,9 +255,9 @@ def test_gemm_is_tuned_and_impl_is_respected(monkeypatch):
         np.testing.assert_allclose(nbops.matmul(a, a.T), a @ a.T, atol=1e-12)
     data = json.load(open(at.cache_path()))
     (key, entry), = data["entries"].items()
-    assert key == "nbops.gemm|float64|m=16|n=16|k=8|batch=1"
+    assert key == "nbops.gemm|float64|m=16|n=16|k=8|batch=1|wt=True"  # B = a.T
     assert [c for c, _ in entry["times"]] == configs
-    only = linalg._cpu_gemm.config_for((), {"m": 9, "n": 9, "k": 7, "batch": 1, "dtype": "float64"},
-                                       only={"impl": "nbops"})
+    only = linalg._cpu_gemm.config_for((), {"m": 9, "n": 9, "k": 7, "batch": 1, "wt": True,
+                                            "dtype": "float64"}, only={"impl": "nbops"})
     assert only == linalg.DEFAULT_CONFIG
     linalg._cpu_gemm.clear()

@@ -270,6 +270,51 @@ def test_nan_propagates(small_blocks):
 
 
 @pytest.fixture
+def stream_route(monkeypatch):
+    """Default config (the streamed-weight route on, 64 columns per task)
+    with k slices of 8, so that the shapes below cross slices; records
+    the driver's use."""
+    from nbops.cpu import linalg as cpu
+
+    monkeypatch.setattr(linalg._cpu_gemm, "default", dict(linalg.DEFAULT_CONFIG, KC=8))
+    calls = []
+    real = cpu.stream_driver
+    monkeypatch.setattr(cpu, "stream_driver", lambda dt: calls.append(dt) or real(dt))
+    return calls
+
+
+# m past the GEMV bound (16) and around the 32 / 16 sliver widths, n around
+# the 8-row tile and the 64-column task block (n % 8 != 0: W's last rows
+# go through the zero-padded copy), k around the slices
+STREAM_SHAPES = [(17, 8, 1), (17, 9, 7), (32, 64, 8), (33, 65, 9), (63, 130, 17),
+                 (100, 200, 3), (512, 23, 40)]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_stream_route_shapes(stream_route, dtype):
+    # linear (B = W.T) with bias and an activation in the epilogue, and a
+    # transposed, strided x (A read through both strides) with a W whose
+    # rows are a slice of a wider array (row stride > k)
+    rng = np.random.default_rng(21)
+    for m, n, k in STREAM_SHAPES:
+        x, w, b = rand(rng, (m, k), dtype), rand(rng, (n, k), dtype), rand(rng, (n,), dtype)
+        z = x.astype(np.float64) @ w.T.astype(np.float64) + b
+        check(nbops.linear(x, w, b, activation="gelu", impl="nbops"), ACT_REF["gelu"](z),
+              dtype, k)
+        xt = np.asfortranarray(rand(rng, (m, k), dtype))[:, ::1]
+        wide = rand(rng, (n, k + 5), dtype)
+        check(nbops.matmul(xt, wide[:, :k].T, impl="nbops"),
+              xt.astype(np.float64) @ wide[:, :k].T, dtype, k)
+    assert stream_route and set(stream_route) == {np.dtype(dtype)}
+    from nbops.cpu import linalg as cpu
+
+    assert not cpu.stream_route(1, 513, 64, 64, 1, 64)     # past STREAM_MAX_ROWS
+    assert not cpu.stream_route(1, 64, 64, 64, 2, 64)      # B's columns not contiguous
+    assert not cpu.stream_route(2, 64, 64, 64, 1, 64)      # a batch of products
+    assert not cpu.stream_route(1, 64, 64, 64, 1, 0)       # the config's route off
+
+
+@pytest.fixture
 def small_route(monkeypatch):
     """Default config with the small-product route taking every product up
     to 128 (the rule also asks for one product per thread)."""

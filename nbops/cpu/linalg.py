@@ -32,12 +32,16 @@ The BLAS route (``gemm_blas``, ``nbops.cpu._blas``) calls SciPy's OpenBLAS
 on bands of C, one per Numba thread, with BLAS on one thread inside each,
 and applies the same epilogue to each band while it is in cache.
 
-Parallelism: ``gemm`` picks one of three drivers. ``_tiles`` (few large
+Parallelism: ``gemm`` picks one of five drivers. ``_tiles`` (few large
 products) packs each B panel in parallel, then runs ``prange`` over
 (row block x column chunk) tasks, chunking columns when there are too few
-row blocks to feed every thread (linear layers with a small batch).
-``_batched`` (many products) runs ``prange`` over the batch, one whole
-product per task.
+row blocks to feed every thread. ``_batched`` (many products) runs
+``prange`` over the batch, one whole product per task. ``_gemv`` (up to 16
+rows) and ``_stream`` (a linear layer's ``x @ W.T`` of up to 512 rows,
+``stream_route``) never copy the weight: ``_stream`` computes ``C^T = W @
+x^T`` with the small-product tile reading W's rows where they lie and x^T
+copied once into slivers, 2x NumPy's BLAS on 64-512 x 4096 by 4096 x 4096
+where the packed driver, copying all of W every call, ran at 0.6-1.3x.
 
 Small products (``small_route``: m, n, k all at most the config's
 ``SMALL``, default 128, and at least one product per thread) skip packing
@@ -406,7 +410,7 @@ def _make_drivers(mr, nr):
 # Small products: no packing
 
 
-def _small_tile_source(mr, nr):
+def _small_tile_source(mr, nr, accumulate=False):
     """Source of ``small_{mr}x{nr}``: an MR x NR tile of C computed from A
     and B where they lie. A's MR rows (at ``a0 + i * sam``, all readable)
     are read through both strides, one broadcast per row and k step; B must
@@ -419,8 +423,9 @@ def _small_tile_source(mr, nr):
     guards instead of the loads (a third of the loop). Element indices are
     never negative; negative strides wrap modulo 2**64 and the sums come out
     right. Row offsets ``i * sam`` written this way let LLVM walk the rows
-    with one stride register instead of MR pointers spilled to the stack."""
-    name = f"small_{mr}x{nr}"
+    with one stride register instead of MR pointers spilled to the stack.
+    ``accumulate``: the tile is added to C (``small_{mr}x{nr}_acc``)."""
+    name = f"small_{mr}x{nr}" + ("_acc" if accumulate else "")
     lines = [f"def {name}(abuf, a0, sam, sak, rows, bbuf, b0, sbk, k, outf, c0, ldc, zero):",
              "    wide()"]
     lines += [f"    c{i}_{j} = zero" for i in range(mr) for j in range(nr)]
@@ -428,11 +433,12 @@ def _small_tile_source(mr, nr):
               "    usbk = U(sbk)"]
     lines += [f"    s{i} = U{i} * usam" for i in range(1, mr)]
     lines += tile_lines(mr, nr, "    ", head=(), tail=("ap += usak", "bp += usbk"),
-                        row="c0 + {i} * ldc", stored="rows > {i}")
+                        row="c0 + {i} * ldc", stored="rows > {i}",
+                        op="+=" if accumulate else "=")
     return name, "\n".join(lines) + "\n"
 
 
-def tile_lines(mr, nr, ind, head, tail, row, stored):
+def tile_lines(mr, nr, ind, head, tail, row, stored, op="="):
     """Source lines (indented by ``ind``) of an MR x NR register tile's k
     loop and stores, shared by the generated tiles (here and in
     :mod:`nbops.cpu.conv`): each k step broadcasts A's MR rows
@@ -441,7 +447,7 @@ def tile_lines(mr, nr, ind, head, tail, row, stored):
     ``c{i}_{j}``; ``head`` lines open each step (setting ``bp``), ``tail``
     lines end it (advancing ``ap``/``bp``). Row i of the tile is stored at
     ``outf[row:row + NR]`` (``row`` and ``stored`` are format strings of
-    ``i``), for i > 0 only where ``stored`` holds."""
+    ``i``), for i > 0 only where ``stored`` holds; ``op="+="`` adds to it."""
     inner = ind + "    "
     lines = [f"{ind}for p in range(k):"]
     lines += [inner + h for h in head]
@@ -458,7 +464,7 @@ def tile_lines(mr, nr, ind, head, tail, row, stored):
             at = inner
         r = row.format(i=i)
         lines.append(f"{at}row = outf[{r}:{r} + {nr}]")
-        lines += [f"{at}row[{j}] = c{i}_{j}" for j in range(nr)]
+        lines += [f"{at}row[{j}] {op} c{i}_{j}" for j in range(nr)]
     return lines
 
 
@@ -585,6 +591,113 @@ def small_driver(dtype):
     return d
 
 
+# ---------------------------------------------------------------------------
+# A linear layer's weight streamed where it lies: C^T = W @ A^T
+
+#: Rows of A (the batch of a linear layer) up to which one product whose B
+#: has contiguous columns (``B = W.T``, W row-major: ``x @ W.T``) takes the
+#: streamed-weight driver where the config enables it (``STREAM``, the
+#: columns of C a task owns). The packed driver copies the whole weight into
+#: slivers every call, as much memory traffic as the product has arithmetic
+#: at 64 rows: 64 x 4096 by 4096 x 4096 ran at 118 GFLOP/s there, 405 here
+#: (NumPy 188-202); 256 rows: 331 -> 460 (NumPy 245). Past this bound the
+#: transposed result (MAX x n) outgrows the caches.
+STREAM_MAX_ROWS = 512
+#: Blocks of C's columns per thread.
+STREAM_TASKS_PER_THREAD = 4
+
+
+def stream_route(nbatch, m, n, k, sbk, features):
+    """The documented rule for the streamed-weight driver: one product of
+    at most ``STREAM_MAX_ROWS`` rows whose B has contiguous columns (a
+    linear layer's weight), at least 8 columns (one register tile of the
+    transposed result), ``features`` (the config's ``STREAM``) > 0."""
+    return (features > 0 and nbatch == 1 and sbk == 1 and n >= 8 and k > 0
+            and m <= STREAM_MAX_ROWS)
+
+
+_st_tile = _st_tile_acc = None
+SR = 0
+
+
+def _stream_t(abuf, a0, sam, sak, bbuf, b0, sbn, outf, m, n, k, bias, act, prm, cst, KC, FB,
+              nthreads):
+    # C = epilogue(A @ B) with B[p, j] = W[j, p] = bbuf[b0 + j * sbn + p]:
+    # computed as C^T = W @ A^T with the small-product register tile, whose
+    # A operand is read where it lies (MR rows of W, one broadcast per row
+    # and k step: the weight streams from memory once and is never copied)
+    # and whose B operand is A^T, copied once into SR-wide slivers
+    # (xt[s, p, j] = A[s SR + j, p], zero past m; in L2 for a KC slice).
+    # A task owns FB columns of C (rows of W) and runs every k slice and
+    # sliver over them, then moves its block of C^T into C, the epilogue
+    # applied while it is in cache.
+    zero = cst.zero
+    ns = (m + SR - 1) // SR
+    mp = ns * SR
+    xt = np.empty((ns, k, SR), outf.dtype)
+    for s in prange(ns):
+        for j in range(SR):
+            r = s * SR + j
+            for p in range(k):
+                xt[s, p, j] = abuf[a0 + r * sam + p * sak] if r < m else zero
+    full = n // MR
+    # W's last rows, fewer than MR, zero-padded (the tile reads MR rows)
+    wpad = np.zeros(MR * k, outf.dtype)
+    for i in range(n - full * MR):
+        for p in range(k):
+            wpad[i * k + p] = bbuf[b0 + (full * MR + i) * sbn + p]
+    xf = xt.reshape(-1)
+    ntile = (n + MR - 1) // MR
+    ct = np.empty(ntile * MR * mp, outf.dtype)
+    per = max(1, FB // MR)
+    nblk = (ntile + per - 1) // per
+    nchunks = min(nblk, STREAM_TASKS_PER_THREAD * nthreads)
+    epilogue = act != 0 or bias.size > 0
+    for c in prange(nchunks):
+        for blk in range(c * nblk // nchunks, (c + 1) * nblk // nchunks):
+            t0 = blk * per
+            t1 = min(ntile, t0 + per)
+            for kb in range(0, k, KC):
+                kc = min(KC, k - kb)
+                for s in range(ns):
+                    for t in range(t0, t1):
+                        wb, wo, ws = (bbuf, b0 + t * MR * sbn + kb, sbn) if t < full else \
+                            (wpad, kb, k)
+                        if kb == 0:
+                            _st_tile(wb, wo, ws, 1, MR, xf, (s * k + kb) * SR, SR, kc, ct,
+                                     t * MR * mp + s * SR, mp, zero)
+                        else:
+                            _st_tile_acc(wb, wo, ws, 1, MR, xf, (s * k + kb) * SR, SR, kc, ct,
+                                         t * MR * mp + s * SR, mp, zero)
+            f0 = t0 * MR
+            f1 = min(n, t1 * MR)
+            for r in range(m):
+                for f in range(f0, f1):
+                    outf[r * n + f] = ct[f * mp + r]
+            if epilogue:
+                _epilogue_tile(outf, f0, n, m, f1 - f0, bias, f0, act, prm, cst)
+
+
+def _make_stream(mr, nr):
+    scope = dict(globals())
+    for acc, key in ((False, "_st_tile"), (True, "_st_tile_acc")):
+        name, src = _small_tile_source(mr, nr, acc)
+        scope[key] = cpu_kernel(generated(src, name, _unsigned_scope(max(mr, nr))))
+    scope.update(MR=mr, SR=nr)
+    return cpu_kernel(_bind(_stream_t, scope, f"gemm_stream_{mr}x{nr}"), parallel=True)
+
+
+_STREAM = {}
+
+
+def stream_driver(dtype):
+    """The streamed-weight driver for ``dtype``, built on first use."""
+    d = _STREAM.get(dtype)
+    if d is None:
+        d = _STREAM[dtype] = _make_stream(*SMALL_TILES[dtype][:2])
+    return d
+
+
 _DRIVERS = {}
 
 
@@ -599,7 +712,7 @@ def drivers(dtype):
 
 
 def gemm(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act, prm, cst,
-         MC=64, KC=256, NC=2048, SMALL=SMALL_MAX):
+         MC=64, KC=256, NC=2048, SMALL=SMALL_MAX, STREAM=0):
     """``out[b] = epilogue(A_b @ B_b + bias)`` for every batch index b.
 
     ``abuf``/``bbuf`` are flat buffers of one dtype, A_b the m x k matrix at
@@ -609,7 +722,9 @@ def gemm(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act, pr
     into ``EPILOGUES``; ``prm``/``cst`` the activation's typed parameters
     and constants. MC, KC, NC are the cache blocking sizes; products with
     ``small_route(...)`` true (``SMALL`` bounds m, n and k; 0 turns the
-    route off) go to the non-packing small-product driver.
+    route off) go to the non-packing small-product driver, those with
+    ``stream_route(...)`` true (``STREAM``: columns of C per task, 0 off)
+    to the streamed-weight driver (KC deep slices).
     """
     nbatch = out.shape[0]
     if out.size == 0:
@@ -623,6 +738,10 @@ def gemm(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act, pr
         _gemv(abuf, offa[0], sam, bbuf, offb[0], sbk, sbn, out.reshape(-1), m, n, k,
               bias, act, prm, cst, max(1, min(threads * GEMV_TASKS_PER_THREAD,
                                               n // GEMV_MIN_COLUMNS)))
+        return out
+    if stream_route(nbatch, m, n, k, sbk, STREAM):
+        stream_driver(out.dtype)(abuf, offa[0], sam, sak, bbuf, offb[0], sbn, out.reshape(-1),
+                                 m, n, k, bias, act, prm, cst, int(KC), int(STREAM), threads)
         return out
     if small_route(out.dtype, nbatch, m, n, k, SMALL, threads):
         small_driver(out.dtype)(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out.reshape(-1),
