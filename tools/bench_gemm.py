@@ -213,7 +213,10 @@ def main(argv=None):
     p.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "float64"])
     p.add_argument("--threads", nargs="+", type=int, help="Numba thread counts (default: all)")
     p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--pause", type=float, default=0.05)
+    # NumPy's OpenBLAS threads spin after a call: 50 ms later nbops' next
+    # parallel region still ran up to 10x slower beside them (linear 64 x
+    # 4096 by 1024 x 4096: 22 GFLOP/s against 437 after a 0.3 s pause)
+    p.add_argument("--pause", type=float, default=0.3)
     p.add_argument("--tuned", action="store_true", help="let the autotuner run")
     p.add_argument("--cpu-clock", action="store_true",
                    help="time in CPU seconds of this process (GFLOP per CPU-second): "
