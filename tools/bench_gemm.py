@@ -90,10 +90,14 @@ def _cases(group, dtype, rng):
                 fns["floor(a+b->c)"] = lambda a=a, b=b, c=c: nbops.add(a, b, out=c)
             yield f"batched {batch} x {m}x{n}x{k}", 2 * batch * m * n * k, fns
     elif group == "gelu":
-        for batch in (64, 256):
-            x, w, bias = r(batch, 4096), r(4096, 4096), r(4096)
-            c = np.empty((batch, 4096), dtype)
-            yield f"linear+gelu {batch}x4096x4096", 2 * batch * 4096 * 4096, {
+        # the linear shapes, and small k (512 rows: the streamed-
+        # weight route; 8192: the packed one), where the activation's pass
+        # is a larger share of the work
+        for batch, out_f, k in ((64, 4096, 4096), (256, 4096, 4096), (512, 4096, 256),
+                                (8192, 1024, 128)):
+            x, w = r(batch, k), (r(out_f, k) / np.sqrt(k)).astype(dtype)
+            c = np.empty((batch, out_f), dtype)
+            yield f"linear+gelu {batch}x{out_f}x{k}", 2 * batch * out_f * k, {
                 "matmul+gelu": lambda x=x, w=w, c=c: nbops.gelu(
                     nbops.matmul(x, w.T, out=c, impl="nbops"), out=c),
                 "fused": lambda x=x, w=w, c=c: nbops.linear(x, w, activation="gelu", out=c,
