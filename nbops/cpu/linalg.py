@@ -64,6 +64,7 @@ once); it is always called with runtime values, since a literal argument
 would compile another specialisation.
 """
 
+import functools
 import types as pytypes
 
 import numpy as np
@@ -569,11 +570,18 @@ def _small_t(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, outf, nbatch, m, n, k, 
                            m, n, k, ctile, bias, act, prm, cst)
 
 
+@functools.lru_cache(maxsize=None)
+def _small_tile(mr, nr, accumulate=False):
+    """The compiled small-product tile (one dispatcher per source, shared by
+    the small-product and streamed-weight drivers)."""
+    name, src = _small_tile_source(mr, nr, accumulate)
+    return cpu_kernel(generated(src, name, _unsigned_scope(max(mr, nr))))
+
+
 def _make_small(mr, nr, nn):
     scope = dict(globals())
     for width, key in ((nr, "_wide_tile"), (nn, "_narrow_tile")):
-        name, src = _small_tile_source(mr, width)
-        scope[key] = cpu_kernel(generated(src, name, _unsigned_scope(max(mr, width))))
+        scope[key] = _small_tile(mr, width)
     scope.update(MR=mr, SNR=nr, SNN=nn)
     scope["_small_product"] = register_jitable(
         _bind(_small_product_t, scope, f"gemm_small_product_{mr}x{nr}"))
@@ -680,10 +688,8 @@ def _stream_t(abuf, a0, sam, sak, bbuf, b0, sbn, outf, m, n, k, bias, act, prm, 
 
 def _make_stream(mr, nr):
     scope = dict(globals())
-    for acc, key in ((False, "_st_tile"), (True, "_st_tile_acc")):
-        name, src = _small_tile_source(mr, nr, acc)
-        scope[key] = cpu_kernel(generated(src, name, _unsigned_scope(max(mr, nr))))
-    scope.update(MR=mr, SR=nr)
+    scope.update(MR=mr, SR=nr, _st_tile=_small_tile(mr, nr),
+                 _st_tile_acc=_small_tile(mr, nr, True))
     return cpu_kernel(_bind(_stream_t, scope, f"gemm_stream_{mr}x{nr}"), parallel=True)
 
 
