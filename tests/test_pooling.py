@@ -228,12 +228,35 @@ def test_stride_two_rows_of_every_width(dtype):
             ref, _ = ref_max_pool2d(x, k, 2, p, 1, False)
             y = nbops.max_pool2d(x, k, 2, p)
             np.testing.assert_array_equal(y, ref)
+            for inc in (True, False):   # NaN and infinities through the mean
+                np.testing.assert_allclose(nbops.avg_pool2d(x, k, 2, p, False, inc),
+                                           ref_avg_pool2d(x, k, 2, p, False, inc),
+                                           rtol=1e-6 if dtype == np.float32 else 1e-14,
+                                           atol=1e-6 if dtype == np.float32 else 1e-14)
             finite = np.nan_to_num(x, nan=0.5, posinf=3.0, neginf=-3.0)
             for ceil, inc, div in ((False, True, None), (True, False, None), (False, True, 5)):
                 y = nbops.avg_pool2d(finite, k, 2, p, ceil, inc, div)
                 want = ref_avg_pool2d(finite, k, 2, p, ceil, inc, div)
                 np.testing.assert_allclose(y, want, rtol=1e-6 if dtype == np.float32 else 1e-14,
                                            atol=1e-6 if dtype == np.float32 else 1e-14)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_stride_two_mean_is_the_rounded_quotient(dtype):
+    # integer inputs: every window sum is exact, so each mean must be the
+    # sum divided by its count exactly as a division rounds it (the kernel
+    # multiplies by the reciprocal and corrects once; the product alone
+    # differs for a third of the sums over 3, 6 or 9)
+    x = np.random.default_rng(4).integers(-100, 101, (2, 3, 11, 40)).astype(dtype)
+    for k, p, inc in ((3, 1, True), (3, 1, False), (2, 0, True)):
+        y = nbops.avg_pool2d(x, k, 2, p, False, inc)
+        xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
+        ones = np.pad(np.ones_like(x), ((0, 0), (0, 0), (p, p), (p, p)))
+        win = np.lib.stride_tricks.sliding_window_view
+        sums = win(xp, (k, k), axis=(2, 3))[:, :, ::2, ::2].sum(axis=(-2, -1))
+        counts = (np.full_like(sums, k * k) if inc else
+                  win(ones, (k, k), axis=(2, 3))[:, :, ::2, ::2].sum(axis=(-2, -1)))
+        np.testing.assert_array_equal(y, sums / counts)
 
 
 def test_one_dimensional_pools_are_height_one_2d_pools():
