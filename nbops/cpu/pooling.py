@@ -518,15 +518,23 @@ def _avg_rows_kernel(KW, SW):
                 h0, h1, hcount = _avg_window(oh, sh, ph, kh, h)
                 hdiv = x.dtype.type(divisor if divisor > 0 else
                                     (hcount if include_pad else h1 - h0))
-                if h1 <= h0:
+                # the rows [h0, h1), walked as the max pool walks its window:
+                # a loop over range(h0, h1) ran the kernel 1.3-1.5x slower
+                # (0.78-0.87 ms against 0.52-0.69 for 3x3/2 on
+                # [8, 64, 112, 112], replicas paired in one process)
+                first = True
+                for i in range(kh):
+                    ih = oh * sh - ph + i
+                    if 0 <= ih < h:
+                        src = x[p, ih]
+                        if first:
+                            _ROW_COPY_SUM(row, src, pw, cols)
+                            first = False
+                        else:
+                            _ROW_ADD(row, src, pw, cols)
+                if first:  # no row of the window inside the input
                     for j in range(cols):
                         mid[j] = zero
-                for ih in range(h0, h1):
-                    src = x[p, ih]
-                    if ih == h0:
-                        _ROW_COPY_SUM(row, src, pw, cols)
-                    else:
-                        _ROW_ADD(row, src, pw, cols)
                 dst = out[p, oh]
                 if SW == 2:
                     rec = wrec
