@@ -251,8 +251,9 @@ def test_direct_algorithm_fused_and_batched(monkeypatch, dtype, step_bytes):
         check(nbops.conv2d(x, wt, **kw), want, dtype=dtype, k=wt[0].size)
 
 
+@pytest.mark.parametrize("step_bytes", [1, 16 << 20], ids=["image-by-image", "one-step"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_direct_algorithm_on_input_phases(monkeypatch, dtype):
+def test_direct_algorithm_on_input_phases(monkeypatch, dtype, step_bytes):
     # strides >= 2 run the direct convolution on the input dealt into
     # sh x sw phases: windows not a multiple of the stride, odd padding, odd
     # sizes, stride 3, unequal strides, dilation, groups, 3x3/2 and 1x1/2,
@@ -260,6 +261,8 @@ def test_direct_algorithm_on_input_phases(monkeypatch, dtype):
     monkeypatch.setattr(conv_mod._cpu_conv, "default", {"algo": "direct", "NC": 0, "KC": 0})
     rng = np.random.default_rng(12)
     from nbops.cpu import conv as cpu_conv
+
+    monkeypatch.setattr(cpu_conv, "DIRECT_STEP_BYTES", step_bytes)
 
     for (n, c, h, w, co, k, s, p, d, g) in [(1, 3, 37, 41, 10, 7, 2, 3, 1, 1),  # stem-like
                                             (2, 4, 20, 23, 6, 5, 2, 2, 1, 1),
@@ -292,6 +295,31 @@ def test_direct_algorithm_on_input_phases(monkeypatch, dtype):
         geo, _ = conv_mod._geometry("t", 2, np.zeros((1, 4, 30, 30), dtype),
                                     np.zeros((4, 4 // g, k, k), dtype), s, 0, 1, g)
         assert cpu_conv.phases_geo(geo, dtype) is None
+
+
+@pytest.mark.parametrize("shape,pad,strides,hw", [((2, 3, 9, 11), (1, 2), (2, 3), (6, 6)),
+                                                  ((1, 2, 8, 8), (0, 0), (2, 2), (5, 4)),
+                                                  ((1, 1, 5, 7), (3, 1), (3, 2), (4, 5))])
+def test_phases_dealt_from_the_padded_input(shape, pad, strides, hw):
+    # _deal_phases against NumPy's pad and transpose: phase (a, b) of plane
+    # c holds padded input (sh u + a, sw v + b); past the input, zeros
+    from nbops.cpu import conv as cpu_conv
+
+    n, c, h, w = shape
+    (ph, pw), (sh, sw), (hs, ws) = pad, strides, hw
+    x = np.arange(1.0, 1 + np.prod(shape)).reshape(shape)
+    xp = np.zeros((n, c, max(hs * sh, h + 2 * ph), max(ws * sw, w + 2 * pw)))
+    xp[:, :, ph:ph + h, pw:pw + w] = x
+    xp = xp[:, :, :hs * sh, :ws * sw]
+    want = xp.reshape(n, c, hs, sh, ws, sw).transpose(0, 1, 3, 5, 2, 4)
+    got = np.zeros((n, c, sh, sw, hs, ws))
+    cpu_conv._deal_phases(x.reshape(-1), got.reshape(-1), n * c, h, w, ph, pw, sh, sw, sh, sw,
+                          hs, ws)
+    np.testing.assert_array_equal(got, want)
+    first = np.zeros((n, c, 1, 1, hs, ws))   # the first phase only (strided 1x1)
+    cpu_conv._deal_phases(x.reshape(-1), first.reshape(-1), n * c, h, w, ph, pw, sh, sw, 1, 1,
+                          hs, ws)
+    np.testing.assert_array_equal(first, want[:, :, :1, :1])
 
 
 def test_out_and_strided_input():

@@ -15,9 +15,10 @@ norm folded in) and ``act`` is 0 (none) or 1 (relu). Four algorithms:
   register-tile micro-kernel over it. A 1x1 stride-1 convolution without
   padding is the GEMM ``W @ x[n]`` on the input's planes as they lie: the
   micro-kernel reads its whole slivers in place (``micro_rows``, the next
-  sliver prefetched) and only a partial last one is packed. The epilogue (bias per output channel, relu) runs on each MR x NR
-  tile straight after its last k slice, while the tile is in L1: the output
-  is written once.
+  sliver prefetched) and only a partial last one is packed. The epilogue
+  (bias per output channel, residual, relu) runs on each MR x NR tile
+  straight after its last k slice, while the tile is in L1: the output is
+  written once.
 * ``direct`` (stride 1, an autotuner candidate): each image's planes are
   copied once into zero-padded planes of row pitch Wp; then the GEMM of
   the weights (CO x K, K = (ci, kh, kw)) with the "im2col" matrix whose row
@@ -93,7 +94,7 @@ def conv2d(x, w, wscale, bias, out, geo, act, res, algo="igemm", NC=256, KC=256)
         # a strided 1x1 convolution is a stride-1 one on the pixels it
         # reads: copied out once (a quarter of the input at stride 2), they
         # go through every algorithm's fastest path (the implicit GEMM reads
-        # them in place); 256->512 from 56x56 to 28x28: 0.70 -> 0.45 ms
+        # them in place); 256->512 from 56x56 to 28x28: 0.70 -> 0.59 ms
         x = _subsampled(x, geo)
         geo = (C, OH, OW, 1, 1, 1, 1, 0, 0, 1, 1, OH, OW, G, CO)
         sh = sw = 1
@@ -134,10 +135,14 @@ def _add_residual(of, res, act):
 
 def _subsampled(x, geo):
     """The input pixels a 1x1 convolution without padding reads at strides
-    (sh, sw), as a C-contiguous (n, C, OH, OW) array."""
+    (sh, sw), as a C-contiguous (n, C, OH, OW) array: phase (0, 0) of each
+    plane (NumPy's strided copy of them took 79 us of the 0.59 ms that 1x1
+    256->512 at stride 2 from 56x56 takes)."""
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
-    x4 = x.reshape(-1, C, H, W)
-    return np.ascontiguousarray(x4[:, :, :(OH - 1) * sh + 1:sh, :(OW - 1) * sw + 1:sw])
+    n = x.size // (C * H * W)
+    sub = np.empty((n, C, OH, OW), x.dtype)
+    _deal_phases(x.reshape(-1), sub.reshape(-1), n * C, H, W, 0, 0, sh, sw, 1, 1, OH, OW)
+    return sub
 
 
 # ---------------------------------------------------------------------------
@@ -177,16 +182,16 @@ def _igemm(xf, wf, wscale, bias, of, geo, act, res, NC, KC):
                              nchunks, wq, _rows_in_place(geo), res)
 
 
+@register_jitable
 def _rows_in_place(geo):
     """Whether the im2col matrix's rows are the input's planes themselves
     (1x1, stride 1, no padding): then the micro-kernel reads whole NR-wide
     slivers where they lie and only a partial last sliver is packed. For
-    1x1 256->64 at 56x56, batch 1: 0.22 ms against 0.30 ms packing every
-    sliver (each is used by MC / MR row tiles only, so the copy was a
+    1x1 256->64 at 56x56, batch 1: 0.22-0.25 ms against 0.30 ms packing
+    every sliver (each is used by MC / MR row tiles only, so the copy was a
     large share of the work)."""
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
     return KH == 1 and KW == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0
-
 
 
 def _column_phases(xf, W, sw):
@@ -303,7 +308,7 @@ def _pack_cols_t(xf, xoff, geo, pc, kc, jc, nc, bpack, line, zero, wq, in_place)
     oh0 = jc // OW
     ow0 = jc - oh0 * OW
     nnr = (nc + NR - 1) // NR
-    if kk_ == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0:
+    if _rows_in_place(geo):
         # 1x1, stride 1, no padding: k row p is channel pc + p, and the
         # block's pixels are one contiguous run of it
         for p in range(kc):
@@ -491,16 +496,18 @@ def _padded(geo):
             max(W + 2 * pw, (OW - 1) * sw + (KW - 1) * dw + 1))
 
 
-def _direct(x, w, wscale, bias, out, geo, act, res, boff=None):
-    # boff: the K rows' offsets in a group's padded planes where they are
-    # not the window's taps over ``geo``'s planes (``_direct_phases``)
+def _direct(x, w, wscale, bias, out, geo, act, res, phases=None):
+    # phases: (geo_s, boff) of _direct_phases: the planes are the input's
+    # phases (geometry geo_s, stride 1), the K rows at offsets boff in them
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
+    pgeo, boff = phases if phases is not None else (geo, None)
+    Cp, KWp, dwp = pgeo[0], pgeo[4], pgeo[10]
     dtype = out.dtype
     mr, nr = DIRECT_TILES[dtype]
-    Hp, Wp = _padded(geo)
+    Hp, Wp = _padded(pgeo)
     plane = Hp * Wp
     span = OH * Wp
-    cg, mg = C // G, CO // G
+    cg, mg = Cp // G, CO // G
     if boff is None:
         boff = _row_offsets(cg, KH, KW, plane, dh * Wp, dw)
     k = boff.size
@@ -515,14 +522,14 @@ def _direct(x, w, wscale, bias, out, geo, act, res, boff=None):
         wk = a
     # images in steps whose padded planes and output fit DIRECT_STEP_BYTES:
     # three parallel launches a step, not three an image
-    per_img = (C * plane + CO * span) * dtype.itemsize
+    per_img = (Cp * plane + CO * span) * dtype.itemsize
     step = max(1, min(n_img, DIRECT_STEP_BYTES // per_img))
     # no padding and a one-column window (1x1): the planes are the input's
     # own and the output's pitch is Wp, so the kernel reads x and writes out
     # where they lie (a 1x1 1024->256 at 14x14: two copies less, 10%)
-    in_place = KW == 1 and Hp == H and Wp == W == OW
+    in_place = phases is None and KW == 1 and Hp == H and Wp == W == OW
     # the last tile's rows read up to (KW - 1) * dw past the last plane
-    xpad = None if in_place else np.zeros(step * C * plane + (KW - 1) * dw, dtype)
+    xpad = None if in_place else np.zeros(step * Cp * plane + (KWp - 1) * dwp, dtype)
     cbuf = None if in_place else np.empty(step * CO * span, dtype)
     ntile = (span + nr - 1) // nr
     nq = -(-ntile // DIRECT_TILES_PER_TASK)
@@ -536,7 +543,9 @@ def _direct(x, w, wscale, bias, out, geo, act, res, boff=None):
         nb = max(1, min(-(-mg // mr),
                         -(-DIRECT_TASKS_PER_THREAD * get_num_threads() // (m * G * nq))))
         xs, os_ = xf[n0:n0 + m].reshape(-1), of[n0:n0 + m].reshape(-1)
-        if not in_place:
+        if phases is not None:
+            _deal_phases(xs, xpad, m * C, H, W, ph, pw, sh, sw, sh, sw, Hp, Wp)
+        elif not in_place:
             _pad_planes(xs, xpad, m * C, H, W, ph, pw, Wp, plane)
         kern(wk.reshape(-1), rows, mg, k, xs if in_place else xpad, cg * plane, boff,
              os_ if in_place else cbuf, span, ntile, nq, nb, G, m)
@@ -571,16 +580,14 @@ def _direct_phases(x, w, wscale, bias, out, geo, geo_s, act, res):
     stay as they are, every tap computed once (a 3x3/2 window is a 2x2, two
     2x1 and a 1x1 window over the four phases). The 7x7/2 stem and the 3x3/2
     layers run at the direct kernel's rate instead of the implicit GEMM's
-    strided packing. ``geo_s`` from :func:`phases_geo`."""
+    strided packing. ``geo_s`` from :func:`phases_geo`. The phases are
+    dealt straight into the padded planes (``_deal_phases``, in parallel;
+    NumPy's pad and 6-D transpose had taken 1.4 ms of 2.8 for 3x3/2 128->128
+    from 56x56)."""
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
     _, hs, ws = geo_s[:3]
-    n = x.size // (C * H * W)
-    xp = np.zeros((n, C, hs * sh, ws * sw), x.dtype)
-    xp[:, :, ph:ph + H, pw:pw + W] = x.reshape(n, C, H, W)
-    xs = np.ascontiguousarray(xp.reshape(n, C, hs, sh, ws, sw).transpose(0, 1, 3, 5, 2, 4))
     boff = _phase_offsets(C // G, KH, KW, sh, sw, dh, dw, hs, ws)
-    return _direct(xs.reshape(n, C * sh * sw, hs, ws), w, wscale, bias, out, geo_s, act,
-                   res, boff)
+    return _direct(x, w, wscale, bias, out, geo, act, res, (geo_s, boff))
 
 
 @functools.lru_cache(maxsize=64)
@@ -602,6 +609,31 @@ def _row_offsets(cg, KH, KW, plane, row, col):
     return (np.arange(cg, dtype=np.int64)[:, None, None] * plane
             + np.arange(KH, dtype=np.int64)[None, :, None] * row
             + np.arange(KW, dtype=np.int64)[None, None, :] * col).reshape(-1)
+
+
+@cpu_kernel(parallel=True)
+def _deal_phases(xf, dst, C, H, W, ph, pw, sh, sw, na, nb, hs, ws):
+    # plane c of xf (H x W, padded by ph, pw) dealt into its first na x nb
+    # phases of sh x sw: dst plane (c na + a) nb + b, position (u, v), is
+    # padded input (sh u + a, sw v + b). Positions over the padding are not
+    # written (dst's zeros, as in _pad_planes).
+    plane = hs * ws
+    for t in prange(C * na * nb):
+        c = t // (na * nb)
+        a = (t // nb) % na
+        b = t % nb
+        u0 = (ph - a + sh - 1) // sh if ph > a else 0
+        v0 = (pw - b + sw - 1) // sw if pw > b else 0
+        v1 = min(ws, (W - 1 + pw - b) // sw + 1) if W - 1 + pw >= b else 0
+        for u in range(u0, hs):
+            ih = sh * u + a - ph
+            if ih >= H:
+                break
+            s0 = U(c * H * W + ih * W + sw * v0 + b - pw)
+            d0 = U(t * plane + u * ws + v0)
+            usw = U(sw)
+            for j in range(U(max(0, v1 - v0))):
+                dst[d0 + j] = xf[s0 + j * usw]
 
 
 @cpu_kernel(parallel=True)

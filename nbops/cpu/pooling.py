@@ -224,9 +224,9 @@ def _stride2_windows(kw, average):
       ``wrec[o]`` holds ``1 / d``. The quotient is ``q = s * (1/d)``
       corrected once with the FMA residual ``s - q d`` (Markstein: the
       correctly rounded quotient, as a division gives, NaN and infinities
-      passed through): a vector division took 0.45 of the 1.0 ms that
-      3x3/2 took on [8, 64, 112, 112] on the Zen 5 VM, and this 0.53 ms,
-      the max pool's time.
+      passed through): with the vector division, 3x3/2 on [8, 64, 112, 112]
+      took 0.87-1.0 ms on the Zen 5 VM, this way 0.73-0.78 (the max pool
+      0.54).
 
     The same operations as the scalar loops they replace, so the same
     results; ``row`` must hold ``2 n + SPARE`` elements. Written in LLVM
