@@ -88,6 +88,60 @@ class Linear:
             nb.gelu(self.y, out=self.y)
 
 
+class LinearGelu:
+    """The fused gelu epilogue against nbops' matmul followed by nbops.gelu
+    (the issue's criterion), at shapes where the activation is a sizeable
+    share of the work (k 64-256; at k = 4096 it is about 1% and the two
+    tie). The unfused pair is timed four ways: ``time_unfused`` writes the
+    gelu into a second preallocated array (nbops.gelu's semantics: a new
+    result), ``time_unfused_in_place`` overwrites the product (the least
+    traffic two passes can have), ``time_unfused_allocating`` is
+    ``nbops.gelu(nbops.matmul(x, w.T))`` as usually written (against
+    ``time_fused_allocating``), ``time_unfused_bias`` adds a layer's bias
+    in between (``nbops.add``, in place; against ``time_fused_bias``)."""
+
+    params = [[(512, 4096, 256), (8192, 1024, 128), (4096, 4096, 64)], ["float32"]]
+    param_names = ["batch_out_k", "dtype"]
+
+    def setup(self, shape, dtype):
+        import nbops
+
+        batch, out_f, k = shape
+        self.nbops = nbops
+        self.x = _rand((batch, k), dtype)
+        self.w = (_rand((out_f, k), dtype, 1) / np.sqrt(k)).astype(dtype)
+        self.bias = _rand(out_f, dtype, 2)
+        self.c, self.d = np.empty((batch, out_f), dtype), np.empty((batch, out_f), dtype)
+        _warm(lambda: self.time_fused_bias(shape, dtype))
+        _warm(lambda: self.time_unfused_bias(shape, dtype))
+
+    def time_fused(self, shape, dtype):
+        self.nbops.linear(self.x, self.w, activation="gelu", out=self.d, impl="nbops")
+
+    def time_unfused(self, shape, dtype):
+        nb = self.nbops
+        nb.gelu(nb.matmul(self.x, self.w.T, out=self.c, impl="nbops"), out=self.d)
+
+    def time_unfused_in_place(self, shape, dtype):
+        nb = self.nbops
+        nb.gelu(nb.matmul(self.x, self.w.T, out=self.c, impl="nbops"), out=self.c)
+
+    def time_fused_allocating(self, shape, dtype):
+        self.nbops.linear(self.x, self.w, activation="gelu", impl="nbops")
+
+    def time_unfused_allocating(self, shape, dtype):
+        self.nbops.gelu(self.nbops.matmul(self.x, self.w.T, impl="nbops"))
+
+    def time_fused_bias(self, shape, dtype):
+        self.nbops.linear(self.x, self.w, self.bias, "gelu", out=self.c, impl="nbops")
+
+    def time_unfused_bias(self, shape, dtype):
+        nb = self.nbops
+        y = nb.matmul(self.x, self.w.T, out=self.c, impl="nbops")
+        nb.add(y, self.bias, out=y)
+        nb.gelu(y, out=y)
+
+
 class SmallBatched:
     """Stacks of small products: batch x (n x n) @ (n x n). The default
     config sends them to the non-packing small-product route;

@@ -13,7 +13,7 @@ product must move; its figure is the rate no product of that stack can
 beat on this machine, its ratio the most any kernel can gain over NumPy):
 the libraries are interleaved round by round, with a short pause
 before each timed block (thread pools that spin would otherwise steal the
-cores), and the median of the rounds counts. On a machine shared with
+cores); GFLOP/s are medians of the rounds, ratios the medians of the rounds' ratios. On a machine shared with
 other jobs, ``OMP_WAIT_POLICY=passive`` keeps idle OpenMP workers from
 spinning against the measured threads (it doubled nbops' wall-clock
 figures for the small stacks at a load of 3 on 2 cores). Tuning is off
@@ -91,19 +91,47 @@ def _cases(group, dtype, rng):
             yield f"batched {batch} x {m}x{n}x{k}", 2 * batch * m * n * k, fns
     elif group == "gelu":
         # the issue's linear shapes, and small k (512 rows: the streamed-
-        # weight route; 8192: the packed one), where the activation's pass
-        # is a larger share of the work
+        # weight route; the others: the packed one), where the activation's
+        # pass is a larger share of the work. One row per way of writing the
+        # unfused pair, its first entry the baseline: "out=" (the gelu into
+        # a second preallocated array: nbops.gelu's own semantics, a new
+        # result), "in place" (out= the product: the least traffic two
+        # passes can have), "allocating" (both calls without out=, as
+        # nbops.gelu(nbops.matmul(x, w.T)) is usually written; the fused
+        # call allocates its one result too) and "+ bias" (a linear layer's
+        # bias added in place in between, as matmul has none)
         for batch, out_f, k in ((64, 4096, 4096), (256, 4096, 4096), (512, 4096, 256),
-                                (8192, 1024, 128)):
+                                (8192, 1024, 128), (4096, 4096, 64)):
             x, w = r(batch, k), (r(out_f, k) / np.sqrt(k)).astype(dtype)
-            c = np.empty((batch, out_f), dtype)
-            yield f"linear+gelu {batch}x{out_f}x{k}", 2 * batch * out_f * k, {
-                "matmul+gelu": lambda x=x, w=w, c=c: nbops.gelu(
-                    nbops.matmul(x, w.T, out=c, impl="nbops"), out=c),
-                "fused": lambda x=x, w=w, c=c: nbops.linear(x, w, activation="gelu", out=c,
-                                                            impl="nbops"),
-                "fused-blas": lambda x=x, w=w, c=c: nbops.linear(x, w, activation="gelu",
-                                                                 out=c, impl="blas")}
+            bias = r(out_f)
+            c, d = np.empty((batch, out_f), dtype), np.empty((batch, out_f), dtype)
+            label = f"linear+gelu {batch}x{out_f}x{k}"
+            flops = 2 * batch * out_f * k
+
+            def fused(out=None, b=None, impl="nbops", x=x, w=w):
+                return nbops.linear(x, w, b, activation="gelu", out=out, impl=impl)
+
+            def unfused(out=None, mm_out=None, x=x, w=w):
+                return nbops.gelu(nbops.matmul(x, w.T, out=mm_out, impl="nbops"), out=out)
+
+            def unfused_bias(c=c, x=x, w=w, bias=bias):
+                y = nbops.matmul(x, w.T, out=c, impl="nbops")
+                nbops.add(y, bias, out=y)
+                return nbops.gelu(y, out=y)
+
+            yield f"{label} out=", flops, {
+                "matmul+gelu": lambda c=c, d=d, f=unfused: f(out=d, mm_out=c),
+                "fused": lambda d=d, f=fused: f(out=d),
+                "fused-blas": lambda d=d, f=fused: f(out=d, impl="blas")}
+            yield f"{label} in place", flops, {
+                "matmul+gelu": lambda c=c, f=unfused: f(out=c, mm_out=c),
+                "fused": lambda c=c, f=fused: f(out=c)}
+            yield f"{label} allocating", flops, {
+                "matmul+gelu": lambda f=unfused: f(),
+                "fused": lambda f=fused: f()}
+            yield f"{label} + bias", flops, {
+                "matmul+bias+gelu": unfused_bias,
+                "fused": lambda c=c, f=fused, bias=bias: f(out=c, b=bias)}
 
 
 def _packed(a, b, c):
@@ -135,11 +163,14 @@ def run(groups, dtypes, threads, rounds, pause):
                     for _ in range(rounds):  # interleaved rounds
                         for k, f in fns.items():
                             times[k].append(_median_time(f, 1, pause))
-                    base = statistics.median(next(iter(times.values())))
+                    # the ratio is the median of the rounds' ratios: a round's
+                    # calls ran seconds apart, so the machine's drift cancels
+                    base = next(iter(times.values()))
                     parts = []
                     for k, ts in times.items():
-                        t = statistics.median(ts)
-                        parts.append(f"{k} {flops / t / 1e9:6.1f} GF/s ({base / t:4.2f}x)")
+                        ratio = statistics.median(b / t for b, t in zip(base, ts))
+                        gf = flops / statistics.median(ts) / 1e9
+                        parts.append(f"{k} {gf:6.1f} GF/s ({ratio:4.2f}x)")
                     print(f"{dtype:7s} {nt}T {label:34s} " + "  ".join(parts), flush=True)
 
 
