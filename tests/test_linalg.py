@@ -344,6 +344,23 @@ def test_small_route_shapes(small_route, dtype):
     assert small_route and set(small_route) == {np.dtype(dtype)}
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_small_route_prefetching(small_route, dtype):
+    # 4-16 KiB of operands per product: each task prefetches its next
+    # product (through A's strides, B broadcast too) while computing one
+    from nbops.cpu import linalg as cpu
+
+    rng = np.random.default_rng(23)
+    lo, hi = cpu.PREFETCH_PRODUCT_BYTES
+    size = np.dtype(dtype).itemsize
+    for m, n, k in ((24, 24, 24), (32, 32, 32), (17, 40, 33)):
+        assert lo <= (m + n) * k * size <= hi
+        a, b = rand(rng, (40, k, m), dtype).transpose(0, 2, 1), rand(rng, (40, k, n), dtype)
+        check(nbops.matmul(a, b, impl="nbops"), a.astype(np.float64) @ b, dtype, k)
+        check(nbops.matmul(a, b[7], impl="nbops"), a.astype(np.float64) @ b[7], dtype, k)
+    assert small_route and set(small_route) == {np.dtype(dtype)}
+
+
 def test_small_route_strided_and_broadcast(small_route):
     rng = np.random.default_rng(21)
     a = rand(rng, (4, 40, 70))
