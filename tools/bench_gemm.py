@@ -13,8 +13,9 @@ product must move; its figure is the rate no product of that stack can
 beat on this machine, its ratio the most any kernel can gain over NumPy):
 the libraries are interleaved round by round, with a short pause
 before each timed block (thread pools that spin would otherwise steal the
-cores); GFLOP/s are medians of the rounds, ratios the medians of the rounds' ratios. On a machine shared with
-other jobs, ``OMP_WAIT_POLICY=passive`` keeps idle OpenMP workers from
+cores); GFLOP/s are medians of the rounds, ratios the medians of the
+rounds' ratios. On a machine shared with other jobs,
+``OMP_WAIT_POLICY=passive`` keeps idle OpenMP workers from
 spinning against the measured threads (it doubled nbops' wall-clock
 figures for the small stacks at a load of 3 on 2 cores). Tuning is off
 (``NBOPS_AUTOTUNE=0``) unless ``--tuned``: "nbops" is the default config.

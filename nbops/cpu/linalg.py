@@ -57,8 +57,9 @@ per product after its tiles. Products of 4-16 KiB of operands prefetch
 the next one (``PREFETCH_PRODUCT_BYTES``). Copies happen only where a
 tile cannot read in place: B with non-unit column stride (copied
 row-major), C narrower than one vector (B padded, one scratch tile),
-fewer than MR rows (A padded). Per core it ran at about 0.9x OpenBLAS's per-product calls on
-32^3 and 64^3 float32 stacks (2-3x the packed ``_batched`` driver).
+fewer than MR rows (A padded). Per core it ran at about 0.9x
+OpenBLAS's per-product calls on 32^3 and 64^3 float32 stacks (2-3x the
+packed ``_batched`` driver) before the prefetch.
 
 The epilogue tile is one kernel per dtype shared by all drivers (compiled
 once); it is always called with runtime values, since a literal argument
