@@ -5,6 +5,7 @@
     python tools/bench_gemm.py --group small small-shapes --dtype float32 float64
     python tools/bench_gemm.py --asm           # instruction mix of the micro-kernel and small tiles
     python tools/bench_gemm.py --compile-time  # cold compile, in a fresh cache
+    python tools/bench_gemm.py --cuda          # the CUDA kernel, beside CuPy (cuBLAS) if installed
 
 Prints GFLOP/s (2 m n k per product) and the ratio to NumPy measured in the
 same run (for the square stacks of ``--group small`` also a "floor": an
@@ -241,6 +242,68 @@ def compile_time(dtype):
           f"small-product driver {out[1]}, batched driver {out[2]}")
 
 
+def cuda_run(dtypes, sizes, rounds):
+    """GFLOP/s of nbops' CUDA GEMM on square device arrays (plus a batched
+    stack and a linear layer with a fused gelu), beside CuPy's ``matmul``
+    (cuBLAS) where CuPy is installed (``pip install cupy-cuda12x``):
+    the issue's goal is at least half of cuBLAS. Each call is timed
+    between two device synchronizations, median of ``rounds``. In Numba's
+    simulator (``NUMBA_ENABLE_CUDASIM=1``) it runs as a smoke test at
+    small ``sizes`` only."""
+    from numba import cuda
+
+    import nbops
+
+    if not cuda.is_available():
+        print("cuda: no CUDA device (set NUMBA_ENABLE_CUDASIM=1 to smoke-test in the simulator)")
+        return
+    try:
+        import cupy
+    except ImportError:
+        cupy = None
+        print("cuda: CuPy not installed, nbops alone")
+    rng = np.random.default_rng(0)
+
+    def timed(fn):
+        fn()
+        cuda.synchronize()
+        times = []
+        for _ in range(rounds):
+            cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    for dtype in dtypes:
+        for n in sizes:
+            cases = [(f"square {n}", (n, n), (n, n), None),
+                     (f"batched 64 x {n // 8}^2", (64, n // 8, n // 8), (64, n // 8, n // 8), None),
+                     (f"linear {n}x{n} gelu", (n, n), (n, n), "gelu")]
+            for label, sa, sb, act in cases:
+                a = rng.standard_normal(sa).astype(dtype)
+                b = rng.standard_normal(sb).astype(dtype)
+                c = np.empty(sa[:-1] + sb[-1:], dtype)
+                # outputs preallocated on both sides: allocation is not the
+                # kernel (Numba's allocator has no pool, CuPy's has)
+                da, db, dc = (nbops.to_device(v) for v in (a, b, c))
+                flops = 2 * np.prod(sa) * sb[-1]
+                if act is None:
+                    fns = {"nbops": lambda da=da, db=db, dc=dc: nbops.matmul(da, db, out=dc)}
+                else:  # x @ w.T: b is the weight, (out_features, in_features)
+                    fns = {"nbops": lambda da=da, db=db, dc=dc: nbops.linear(
+                        da, db, activation=act, out=dc)}
+                if cupy is not None and act is None:
+                    ca, cb, cc = (cupy.asarray(v) for v in (a, b, c))
+                    fns["cupy (cuBLAS)"] = lambda ca=ca, cb=cb, cc=cc: cupy.matmul(ca, cb, out=cc)
+                times = {k: timed(f) for k, f in fns.items()}
+                base = next(iter(times.values()))
+                parts = [f"{k} {flops / t / 1e9:8.1f} GF/s ({base / t:4.2f}x)"
+                         for k, t in times.items()]
+                print(f"{dtype:7s} cuda {label:24s} " + "  ".join(parts), flush=True)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--group", nargs="+",
@@ -260,6 +323,8 @@ def main(argv=None):
                         "OPENBLAS_NUM_THREADS=1 NUMBA_NUM_THREADS=1")
     p.add_argument("--asm", action="store_true", help="print the micro-kernel's instructions")
     p.add_argument("--compile-time", action="store_true", help="time a cold compile")
+    p.add_argument("--cuda", nargs="*", type=int, metavar="N",
+                   help="time the CUDA kernel on square sizes N (default 1024 2048 4096)")
     ns = p.parse_args(argv)
     if not ns.tuned:
         os.environ["NBOPS_AUTOTUNE"] = "0"
@@ -273,6 +338,9 @@ def main(argv=None):
     if ns.compile_time:
         for d in ns.dtype:
             compile_time(d)
+        return 0
+    if ns.cuda is not None:
+        cuda_run(ns.dtype, ns.cuda or [1024, 2048, 4096], ns.rounds)
         return 0
     import nbops
 
