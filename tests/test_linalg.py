@@ -669,6 +669,25 @@ def test_cuda_linear_and_backward():
     np.testing.assert_allclose(gb, gz.sum(0), atol=1e-12)
 
 
+def test_cuda_benchmark_tool(capsys):
+    # tools/bench_gemm.py --cuda: what a session with a GPU runs (here in
+    # the simulator, at a size it can take)
+    if not nbops.cuda_available():
+        pytest.skip("no CUDA device or simulator")
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[1] / "tools" / "bench_gemm.py"
+    spec = importlib.util.spec_from_file_location("bench_gemm", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    tool.cuda_run(["float32"], [16], 1)
+    rows = [line for line in capsys.readouterr().out.splitlines() if " cuda " in line]
+    assert [r.split("cuda ")[1].split("  ")[0] for r in rows] == [
+        "square 16", "batched 64 x 2^2", "linear 16x16 gelu"]
+    assert all("GF/s" in r for r in rows)
+
+
 def test_linear_backward_unmergeable_rows(small_blocks):
     # x's leading axes cannot be seen as one row axis: per-batch products, summed
     rng = np.random.default_rng(18)
