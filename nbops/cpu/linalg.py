@@ -622,15 +622,10 @@ def _make_small(mr, nr, nn):
     return cpu_kernel(_bind(_small_t, scope, f"gemm_small_{mr}x{nr}"), parallel=True)
 
 
-_SMALL = {}
-
-
+@functools.lru_cache(maxsize=None)
 def small_driver(dtype):
     """The parallel small-product driver for ``dtype``, built on first use."""
-    d = _SMALL.get(dtype)
-    if d is None:
-        d = _SMALL[dtype] = _make_small(*SMALL_TILES[dtype])
-    return d
+    return _make_small(*SMALL_TILES[dtype])
 
 
 # ---------------------------------------------------------------------------
@@ -727,28 +722,18 @@ def _make_stream(mr, nr):
     return cpu_kernel(_bind(_stream_t, scope, f"gemm_stream_{mr}x{nr}"), parallel=True)
 
 
-_STREAM = {}
-
-
+@functools.lru_cache(maxsize=None)
 def stream_driver(dtype):
     """The streamed-weight driver for ``dtype``, built on first use."""
-    d = _STREAM.get(dtype)
-    if d is None:
-        d = _STREAM[dtype] = _make_stream(*SMALL_TILES[dtype][:2])
-    return d
+    return _make_stream(*SMALL_TILES[dtype][:2])
 
 
-_DRIVERS = {}
-
-
+@functools.lru_cache(maxsize=None)
 def drivers(dtype):
     """``(tiles, batched, micro, micro_rows)``: the two parallel drivers and
     the micro-kernel for ``dtype`` (packed B; B's rows in place), built on
     first use."""
-    d = _DRIVERS.get(dtype)
-    if d is None:
-        d = _DRIVERS[dtype] = _make_drivers(*TILES[dtype])
-    return d
+    return _make_drivers(*TILES[dtype])
 
 
 def gemm(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act, prm, cst,
