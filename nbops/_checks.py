@@ -8,6 +8,7 @@ operator, the argument, what was expected and what came:
 
 import math
 import numbers
+import os
 
 import numpy as np
 
@@ -32,13 +33,33 @@ def _dtype_names(dtypes):
     return " or ".join(names) if len(names) <= 2 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
-def array(op, name, x, dtypes=FLOAT_DTYPES):
-    """Check that ``x`` is a NumPy or device array with one of ``dtypes``."""
+def array(op, name, x, dtypes=FLOAT_DTYPES, written=False):
+    """Check that ``x`` is a NumPy or device array with one of ``dtypes``,
+    and return it in the form the kernels take (callers use the result).
+
+    Two things NumPy accepts are taken as NumPy takes them, converted once
+    here: a NumPy scalar (``np.float32(-1)``) becomes a 0-d array, and a
+    NumPy array of a supported dtype in non-native byte order (``'>f4'``,
+    as files and network formats deliver it) becomes a native-order copy.
+    Everything else is returned as it came, at no cost. ``written=True``
+    marks an argument the op updates in place (running statistics): a copy
+    would lose the update, so non-native byte order is refused by name.
+    """
     if not (isinstance(x, np.ndarray) or _dispatch.is_device_array(x)):
-        raise TypeError(
-            f"{op}: argument '{name}' must be a numpy.ndarray or a device array, "
-            f"got {describe(x)}")
+        if not isinstance(x, np.generic):
+            raise TypeError(
+                f"{op}: argument '{name}' must be a numpy.ndarray or a device array, "
+                f"got {describe(x)}")
+        x = np.asarray(x)
     if x.dtype not in dtypes:
+        native = x.dtype.newbyteorder("=")
+        if native in dtypes and not x.dtype.isnative and isinstance(x, np.ndarray):
+            if written:
+                raise TypeError(
+                    f"{op}: argument '{name}' is updated in place, which needs native "
+                    f"byte order, got {x.dtype.str}; pass x.astype('{native.str}') and "
+                    "keep that array")
+            return x.astype(native)
         raise TypeError(
             f"{op}: argument '{name}' must be a {_dtype_names(dtypes)} array, "
             f"got {x.dtype}")
@@ -67,21 +88,84 @@ def same_shape(op, **arrays):
                 f"{tuple(first.shape)}, got {tuple(a.shape)}")
 
 
-def empty(shape, dtype, device):
+def empty(shape, dtype, device, op=None):
     """An uninitialised C-contiguous array on ``device``. On the CPU, arrays
     of ``ALIGN_FROM`` bytes or more start on a cache line (``ALIGN`` bytes;
     NumPy's own start 16 bytes into one): their rows of whole lines can be
     written with non-temporal stores (:mod:`nbops.cpu._memory`), and vector
-    loads of them do not straddle lines."""
-    if device == _dispatch.CPU:
-        dtype = np.dtype(dtype)
-        nbytes = math.prod(shape) * dtype.itemsize
+    loads of them do not straddle lines.
+
+    Sizes of ``ALIGN_FROM`` bytes or more are checked first by
+    :func:`allocation` (naming ``op``, when given, in the error)."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes >= ALIGN_FROM:
+        allocation(op, shape, dtype, device, nbytes)
+    try:
+        if device != _dispatch.CPU:
+            return _dispatch.ensure_cuda().device_array(shape, dtype)
         if nbytes < ALIGN_FROM:
             return np.empty(shape, dtype)
         raw = np.empty(nbytes + ALIGN, np.uint8)
-        start = -raw.ctypes.data % ALIGN
-        return raw[start:start + nbytes].view(dtype).reshape(shape)
-    return _dispatch.ensure_cuda().device_array(shape, dtype)
+    except (ValueError, MemoryError):
+        # small sizes skip the check above (it would show beside tiny
+        # kernels); a dimension too large or negative for NumPy lands here
+        allocation(op, shape, dtype, device, nbytes)
+        raise OutputTooLarge(f"{op or 'nbops'}: cannot allocate an array of shape "
+                             f"{tuple(shape)} ({dtype.name}, {_bytes(nbytes)})") from None
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+class OutputTooLarge(ValueError, MemoryError):
+    """An output an operator cannot allocate: more bytes than an address
+    holds, or than this machine's memory. A ValueError (the arguments ask
+    for it) and a MemoryError (what NumPy raises for the same request)."""
+
+
+def _bytes(n):
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.4g} {unit}" if unit != "bytes" else f"{n} bytes"
+        n /= 1024
+    return f"{n:.4g} EiB"
+
+
+def _physical_memory():
+    """Bytes of RAM of this machine (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+_RAM = _physical_memory()
+
+
+def allocation(op, shape, dtype, device=_dispatch.CPU, nbytes=None):
+    """Check, before allocating, that an array of ``shape`` and ``dtype``
+    can exist: its size must fit in an address (where NumPy would say only
+    "Maximum allowed dimension exceeded") and, on the CPU, in this machine's
+    memory (where an over-committing OS would accept it and kill the process
+    once the kernel writes). Raises :class:`OutputTooLarge` naming ``op``;
+    returns the size in bytes. Python integers: the product cannot wrap."""
+    op = op or "nbops"
+    shape = tuple(shape)
+    if any(n < 0 for n in shape):
+        raise ValueError(f"{op}: the arguments give an output of shape {shape}, with a "
+                         "negative size")
+    if nbytes is None:
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    what = f"{op}: the output of shape {shape} ({np.dtype(dtype).name}) takes {_bytes(nbytes)}"
+    if nbytes > _MAX_BYTES or any(n > _MAX_BYTES for n in shape):
+        raise OutputTooLarge(f"{what}, more than an address can hold; check the "
+                             "arguments that set its size")
+    if device == _dispatch.CPU and _RAM is not None and nbytes > _RAM:
+        raise OutputTooLarge(f"{what}, more than this machine's memory ({_bytes(_RAM)})")
+    return nbytes
+
+
+_MAX_BYTES = np.iinfo(np.intp).max
 
 
 #: Alignment in bytes of large CPU outputs (:func:`empty`), and the size
@@ -101,7 +185,7 @@ def output(op, out, shape, dtype, device, inputs=(), allow_inplace=()):
     """
     shape = tuple(shape)
     if out is None:
-        return empty(shape, dtype, device)
+        return empty(shape, dtype, device, op)
     if not (isinstance(out, np.ndarray) or _dispatch.is_device_array(out)):
         raise TypeError(f"{op}: argument 'out' must be an array, got {describe(out)}")
     out_dev = _dispatch.device_of_array(out)
@@ -111,7 +195,11 @@ def output(op, out, shape, dtype, device, inputs=(), allow_inplace=()):
     if tuple(out.shape) != shape:
         raise ValueError(f"{op}: argument 'out' must have shape {shape}, got {tuple(out.shape)}")
     if out.dtype != dtype:
-        raise TypeError(f"{op}: argument 'out' must be {np.dtype(dtype).name}, got {out.dtype}")
+        swapped = out.dtype.newbyteorder("=") == dtype
+        raise TypeError(
+            f"{op}: argument 'out' must be {np.dtype(dtype).name}, got {out.dtype}"
+            + (" (non-native byte order, which the kernels cannot write; pass a "
+               "native array and convert the result with .astype)" if swapped else ""))
     if not _layout.is_c_contiguous(out):
         raise ValueError(f"{op}: argument 'out' must be C-contiguous, got strides "
                          f"{tuple(out.strides)}")

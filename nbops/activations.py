@@ -48,7 +48,7 @@ def _consts(dtype):
 
 
 def _run_unary(op, kernel_name, x, out, p0=0.0, p1=0.0):
-    _checks.array(op, "x", x)
+    x = _checks.array(op, "x", x)
     dev = _dispatch.resolve_device(op, x=x, out=out)
     out = _checks.output(op, out, x.shape, x.dtype, dev, {"x": x}, allow_inplace=("x",))
     return _dispatch.kernel(kernel_name, dev)(
@@ -56,20 +56,22 @@ def _run_unary(op, kernel_name, x, out, p0=0.0, p1=0.0):
 
 
 def _run_backward(op, kernel_name, grad_output, saved, saved_name, out, p0=0.0, p1=0.0):
-    dev, out, p, c = _prepare_backward(op, grad_output, saved, saved_name, out, p0, p1)
+    dev, out, p, c, grad_output, saved = _prepare_backward(op, grad_output, saved, saved_name,
+                                                           out, p0, p1)
     return _dispatch.kernel(kernel_name, dev)(grad_output, saved, out, p, c)
 
 
 def _prepare_backward(op, grad_output, saved, saved_name, out, p0=0.0, p1=0.0):
-    _checks.array(op, "grad_output", grad_output)
-    _checks.array(op, saved_name, saved)
+    grad_output = _checks.array(op, "grad_output", grad_output)
+    saved = _checks.array(op, saved_name, saved)
     _checks.same_dtype(op, grad_output=grad_output, **{saved_name: saved})
     _checks.same_shape(op, grad_output=grad_output, **{saved_name: saved})
     dev = _dispatch.resolve_device(op, grad_output=grad_output, out=out, **{saved_name: saved})
     out = _checks.output(op, out, saved.shape, saved.dtype, dev,
                          {"grad_output": grad_output, saved_name: saved},
                          allow_inplace=("grad_output", saved_name))
-    return dev, out, _formulas.params(saved.dtype, p0, p1), _consts(saved.dtype)
+    return (dev, out, _formulas.params(saved.dtype, p0, p1), _consts(saved.dtype),
+            grad_output, saved)
 
 
 def _scalar_value(op, name, value, **limits):
@@ -321,7 +323,8 @@ def swish_backward(grad_output, x, beta=1.0, out=None):
     >>> gx, gb = nbops.swish_backward(np.ones(3), np.array([-1.0, 0.0, 2.0]), beta=1.5)
     """
     b = _scalar_value("swish_backward", "beta", beta)
-    dev, out, p, c = _prepare_backward("swish_backward", grad_output, x, "x", out, b)
+    dev, out, p, c, grad_output, x = _prepare_backward("swish_backward", grad_output, x, "x",
+                                                       out, b)
     # one pass over memory for both gradients
     gb = _dispatch.kernel("swish_backward_both", dev)(grad_output, x, out, p, c)
     return out, gb

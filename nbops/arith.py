@@ -61,10 +61,14 @@ def _operand(v, dtype, device):
 def _binary(op, a, b, out):
     arrays = {n: v for n, v in (("a", a), ("b", b)) if not _is_scalar(v)}
     if not arrays:
-        raise TypeError(f"{op}: at least one of 'a', 'b' must be an array, got "
-                        f"{_checks.describe(a)} and {_checks.describe(b)}")
+        # two NumPy scalars compute as NumPy would: as 0-d arrays of their dtype
+        arrays = {n: v for n, v in (("a", a), ("b", b)) if isinstance(v, np.generic)}
+        if not arrays:
+            raise TypeError(f"{op}: at least one of 'a', 'b' must be an array, got "
+                            f"{_checks.describe(a)} and {_checks.describe(b)}")
     for name, v in arrays.items():
-        _checks.array(op, name, v)
+        arrays[name] = _checks.array(op, name, v)
+    a, b = arrays.get("a", a), arrays.get("b", b)
     _checks.same_dtype(op, **arrays)
     dtype = next(iter(arrays.values())).dtype
     dev = _dispatch.resolve_device(op, out=out, **arrays)
@@ -74,7 +78,7 @@ def _binary(op, a, b, out):
 
 
 def _unary(op, x, out, kernel_name=None):
-    _checks.array(op, "x", x)
+    x = _checks.array(op, "x", x)
     dev = _dispatch.resolve_device(op, x=x, out=out)
     out = _checks.output(op, out, x.shape, x.dtype, dev, {"x": x}, allow_inplace=("x",))
     return _dispatch.kernel(kernel_name or op, dev)(x, out)
@@ -91,7 +95,7 @@ def _axes(op, axis, ndim):
 
 
 def _reduce(op, x, axis, keepdims, out):
-    _checks.array(op, "x", x)
+    x = _checks.array(op, "x", x)
     if not isinstance(keepdims, (bool, np.bool_)):
         raise TypeError(f"{op}: argument 'keepdims' must be a bool, got {_checks.describe(keepdims)}")
     axes = _axes(op, axis, x.ndim)
@@ -308,7 +312,7 @@ def expand(x, shape, out=None):
     array([[1., 2.],
            [1., 2.]])
     """
-    _checks.array("expand", "x", x)
+    x = _checks.array("expand", "x", x)
     shape = _shape_arg("expand", shape)
     if _broadcast_shape("expand", x=x.shape, shape=shape) != shape:
         raise ValueError(f"expand: cannot broadcast 'x' of shape {tuple(x.shape)} to {shape}")
@@ -327,7 +331,7 @@ def sum_to(x, shape):
     >>> nbops.sum_to(np.ones((2, 3)), (3,))
     array([2., 2., 2.])
     """
-    _checks.array("sum_to", "x", x)
+    x = _checks.array("sum_to", "x", x)
     shape = _shape_arg("sum_to", shape)
     if tuple(x.shape) == shape:
         return x

@@ -128,7 +128,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, causal=False, scale=None, o
     (2, 4, 3, 8)
     """
     op = "scaled_dot_product_attention"
-    batch, L, S, D, Dv, dev = _check(op, q, k, v, mask, causal, out)
+    batch, L, S, D, Dv, dev, q, k, v, mask = _check(op, q, k, v, mask, causal, out)
     scale = _scale(op, scale, D)
     out = _checks.output(op, out, batch + (L, Dv), q.dtype, dev,
                          {"q": q, "k": k, "v": v, "mask": mask})
@@ -202,13 +202,16 @@ def positional_encoding(max_len, d_model, dtype=np.float32):
 
 
 def _check(op, q, k, v, mask, causal, out):
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _checks.array(op, name, x)
+    """Checks of an attention call; ``(batch, L, S, D, Dv, device, q, k, v,
+    mask)``, the arrays as :func:`nbops._checks.array` returns them."""
+    q, k, v = (_checks.array(op, name, x) for name, x in (("q", q), ("k", k), ("v", v)))
     _checks.same_dtype(op, q=q, k=k, v=v)
     if mask is not None:
         if not (isinstance(mask, np.ndarray) or _dispatch.is_device_array(mask)):
             raise TypeError(f"{op}: argument 'mask' must be an array or None, "
                             f"got {_checks.describe(mask)}")
+        if isinstance(mask, np.ndarray) and not mask.dtype.isnative:
+            mask = _checks.array(op, "mask", mask, (np.dtype(np.bool_), q.dtype))
         if mask.dtype != np.bool_ and mask.dtype != q.dtype:
             raise TypeError(f"{op}: argument 'mask' must be bool (True = may attend) or "
                             f"{q.dtype} (added to the scores), got {mask.dtype}")
@@ -246,7 +249,7 @@ def _check(op, q, k, v, mask, causal, out):
     if dev == CUDA and max(D, Dv) > MAX_HEAD_DIM_CUDA:
         raise ValueError(f"{op}: the CUDA kernel takes head dimensions up to "
                          f"{MAX_HEAD_DIM_CUDA}, got D={D}, Dv={Dv}")
-    return batch, L, S, D, Dv, dev
+    return batch, L, S, D, Dv, dev, q, k, v, mask
 
 
 def _scale(op, scale, D):
@@ -312,7 +315,7 @@ def _contiguous(x, shape, dev):
 def _attention_rule(ctx, grad):
     q, k, v, mask, causal, scale = ctx.inputs[:6]
     op = "scaled_dot_product_attention"
-    batch, L, S, D, Dv, dev = _check(op, q, k, v, mask, causal, None)
+    batch, L, S, D, Dv, dev, q, k, v, mask = _check(op, q, k, v, mask, causal, None)
     scale = _scale(op, scale, D)
     N = int(np.prod(batch)) if batch else 1
     args = _kernel_args(op, dev, q, k, v, mask, batch, L, S, causal, scale)

@@ -518,9 +518,10 @@ class Fused:
         if not args:
             raise TypeError(f"{op}: no arguments; pass the arrays and scalars of fn")
         kinds, arrays, named = [], [], {}
+        args = list(args)
         for i, a in enumerate(args):
             if _is_array(a):
-                _checks.array(op, f"args[{i}]", a)
+                a = args[i] = _checks.array(op, f"args[{i}]", a)
                 kinds.append("a")
                 arrays.append(a)
                 named[f"args[{i}]"] = a

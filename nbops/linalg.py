@@ -263,11 +263,11 @@ def _flat_out(op, out, shape, dtype, dev, inputs):
 
 
 def _check_pair(op, a, b, out, impl):
-    _checks.array(op, "a", a)
-    _checks.array(op, "b", b)
+    a = _checks.array(op, "a", a)
+    b = _checks.array(op, "b", b)
     _checks.same_dtype(op, a=a, b=b)
     _checks.choice(op, "impl", impl, IMPLS)
-    return _dispatch.resolve_device(op, a=a, b=b, out=out)
+    return _dispatch.resolve_device(op, a=a, b=b, out=out), a, b
 
 
 # ---------------------------------------------------------------------------
@@ -316,7 +316,7 @@ def matmul(a, b, out=None, impl="auto"):
            [14., 50.]], dtype=float32)
     """
     op = "matmul"
-    dev = _check_pair(op, a, b, out, impl)
+    dev, a, b = _check_pair(op, a, b, out, impl)
     for name, x in (("a", a), ("b", b)):
         if x.ndim == 0:
             raise ValueError(f"{op}: argument '{name}' must have at least 1 dimension, "
@@ -359,7 +359,7 @@ def bmm(a, b, out=None, impl="auto"):
     (4, 2, 2)
     """
     op = "bmm"
-    dev = _check_pair(op, a, b, out, impl)
+    dev, a, b = _check_pair(op, a, b, out, impl)
     if a.ndim != 3 or b.ndim != 3:
         raise ValueError(f"{op}: 'a' and 'b' must be 3-D (batch, rows, cols), got shapes "
                          f"{tuple(a.shape)} and {tuple(b.shape)}")
@@ -417,10 +417,10 @@ def linear(x, weight, bias=None, activation=None, out=None, impl="auto"):
            [0., 0., 0., 0.]], dtype=float32)
     """
     op = "linear"
-    _checks.array(op, "x", x)
-    _checks.array(op, "weight", weight)
+    x = _checks.array(op, "x", x)
+    weight = _checks.array(op, "weight", weight)
     if bias is not None:
-        _checks.array(op, "bias", bias)
+        bias = _checks.array(op, "bias", bias)
     _checks.same_dtype(op, x=x, weight=weight, bias=bias)
     _checks.choice(op, "impl", impl, IMPLS)
     dev = _dispatch.resolve_device(op, x=x, weight=weight, bias=bias, out=out)

@@ -111,11 +111,16 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
     (array([0.2, 2. ]), array([ 1.1, 20.9]))
     """
     op = "batch_norm"
-    _checks.array(op, "x", x)
-    for name, a in (("running_mean", running_mean), ("running_var", running_var),
-                    ("weight", weight), ("bias", bias)):
-        if a is not None:
-            _checks.array(op, name, a)
+    x = _checks.array(op, "x", x)
+    written = training is True or training is np.True_
+    if running_mean is not None:
+        running_mean = _checks.array(op, "running_mean", running_mean, written=written)
+    if running_var is not None:
+        running_var = _checks.array(op, "running_var", running_var, written=written)
+    if weight is not None:
+        weight = _checks.array(op, "weight", weight)
+    if bias is not None:
+        bias = _checks.array(op, "bias", bias)
     _checks.same_dtype(op, x=x, running_mean=running_mean, running_var=running_var,
                        weight=weight, bias=bias)
     dev = _dispatch.resolve_device(op, x=x, running_mean=running_mean,
@@ -219,7 +224,8 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, out=None):
            [-1.,  1.]])
     """
     op = "layer_norm"
-    rows, d, dev = _check_rows(op, x, normalized_shape, weight, bias, eps, out)
+    rows, d, dev, x, weight, bias = _check_rows(op, x, normalized_shape, weight, bias, eps,
+                                                out)
     out = _checks.output(op, out, tuple(x.shape), x.dtype, dev,
                          {"x": x, "weight": weight, "bias": bias})
     return _rows(op, dev, x, rows, d, weight, bias, float(eps), True, out)
@@ -257,10 +263,10 @@ def rms_norm(x, normalized_shape, weight=None, eps=None, out=None):
     array([[ 0.84852814, -1.13137085]])
     """
     op = "rms_norm"
+    x = _checks.array(op, "x", x)
     if eps is None:
-        eps = float(np.finfo(getattr(x, "dtype", np.float64)).eps) \
-            if getattr(x, "dtype", None) in _checks.FLOAT_DTYPES else 0.0
-    rows, d, dev = _check_rows(op, x, normalized_shape, weight, None, eps, out)
+        eps = float(np.finfo(x.dtype).eps)
+    rows, d, dev, x, weight, _ = _check_rows(op, x, normalized_shape, weight, None, eps, out)
     out = _checks.output(op, out, tuple(x.shape), x.dtype, dev, {"x": x, "weight": weight})
     return _rows(op, dev, x, rows, d, weight, None, float(eps), False, out)
 
@@ -331,11 +337,13 @@ def _normalized_shape(op, normalized_shape):
 
 
 def _check_rows(op, x, normalized_shape, weight, bias, eps, out):
-    """Checks shared by layer_norm and rms_norm; ``(rows, d, device)``."""
-    _checks.array(op, "x", x)
-    for name, a in (("weight", weight), ("bias", bias)):
-        if a is not None:
-            _checks.array(op, name, a)
+    """Checks shared by layer_norm and rms_norm; ``(rows, d, device, x,
+    weight, bias)``, the arrays as :func:`nbops._checks.array` returns them."""
+    x = _checks.array(op, "x", x)
+    if weight is not None:
+        weight = _checks.array(op, "weight", weight)
+    if bias is not None:
+        bias = _checks.array(op, "bias", bias)
     _checks.same_dtype(op, x=x, weight=weight, bias=bias)
     dev = _dispatch.resolve_device(op, x=x, weight=weight, bias=bias, out=out)
     ns = _normalized_shape(op, normalized_shape)
@@ -350,7 +358,7 @@ def _check_rows(op, x, normalized_shape, weight, bias, eps, out):
                              f"got {tuple(a.shape)}")
     d = math.prod(ns)
     rows = math.prod(shape[:len(shape) - len(ns)])
-    return rows, d, dev
+    return rows, d, dev, x, weight, bias
 
 
 def _rows(op, dev, x, rows, d, weight, bias, eps, centered, out):

@@ -228,7 +228,7 @@ def global_avg_pool2d(x, keepdim=False, out=None):
         raise TypeError(f"{op}: argument 'keepdim' must be a bool, got {_checks.describe(keepdim)}")
     dev, xc, lead, h, w = _input(op, 2, x)
     shape = lead + ((1, 1) if keepdim else ())
-    out = _checks.output(op, out, shape, x.dtype, dev, {"x": x})
+    out = _checks.output(op, out, shape, xc.dtype, dev, {"x": x})
     p = int(np.prod(lead))
     if p:
         _dispatch.kernel("pool.adaptive_avg_pool2d", dev)(_as(xc, (p, h, w)), _as(out, (p, 1, 1)))
@@ -404,8 +404,9 @@ def _span(k, d):
 
 def _input(op, nd, x):
     """``(device, C-contiguous x, leading shape, H, W)`` of a pool's input;
-    1-D inputs (.., L) give H = 1."""
-    _checks.array(op, "x", x)
+    1-D inputs (.., L) give H = 1. The contiguous x is the one to size
+    outputs by (its dtype native where ``x``'s byte order was not)."""
+    x = _checks.array(op, "x", x)
     dev = _dispatch.resolve_device(op, x=x)
     ranks = (3, 4) if nd == 2 else (2, 3)
     if x.ndim not in ranks:
@@ -453,7 +454,7 @@ def _max_pool(op, nd, x, kernel_size, stride, padding, dilation, ceil_mode, retu
         raise TypeError(f"{op}: argument 'return_indices' must be a bool, "
                         f"got {return_indices!r}")
     shape = _spatial_shape(lead, g.out, nd)
-    out = _checks.output(op, out, shape, x.dtype, dev, {"x": x})
+    out = _checks.output(op, out, shape, xc.dtype, dev, {"x": x})
     idx = _checks.empty(shape, np.int64, dev) if return_indices else None
     p = int(np.prod(lead))
     if p:
@@ -473,7 +474,7 @@ def _avg_pool(op, nd, x, kernel_size, stride, padding, ceil_mode, count_include_
                         f"got {count_include_pad!r}")
     divisor = _divisor(op, divisor_override)
     shape = _spatial_shape(lead, g.out, nd)
-    out = _checks.output(op, out, shape, x.dtype, dev, {"x": x})
+    out = _checks.output(op, out, shape, xc.dtype, dev, {"x": x})
     p = int(np.prod(lead))
     if p:
         _dispatch.kernel("pool.avg_pool2d", dev)(
@@ -493,7 +494,7 @@ def _adaptive(op, nd, x, output_size, out):
                          f"{output_size!r}") from None
     o2 = o if nd == 2 else (1,) + o
     shape = _spatial_shape(lead, o2, nd)
-    out = _checks.output(op, out, shape, x.dtype, dev, {"x": x})
+    out = _checks.output(op, out, shape, xc.dtype, dev, {"x": x})
     p = int(np.prod(lead))
     if p:
         _dispatch.kernel("pool.adaptive_avg_pool2d", dev)(_as(xc, (p, h, w)),

@@ -85,7 +85,7 @@ log_softmax.__doc__ = log_softmax.front.__doc__ = _DOC.format(
 
 
 def _forward(op, x, axis, out, log):
-    _checks.array(op, "x", x)
+    x = _checks.array(op, "x", x)
     dev = _dispatch.resolve_device(op, x=x, out=out)
     ax = _checks.axis(op, "axis", axis, max(x.ndim, 1))
     out = _checks.output(op, out, tuple(x.shape), x.dtype, dev, {"x": x})

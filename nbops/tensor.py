@@ -227,7 +227,7 @@ def transpose(x, axes=None, out=None):
            [1, 4],
            [2, 5]])
     """
-    _array("transpose", "x", x)
+    x = _array("transpose", "x", x)
     perm = _permutation("transpose", "axes", axes, x.ndim)
     return _permute_into("transpose", x, perm, out)
 
@@ -251,7 +251,7 @@ def permute(x, dims, out=None):
     >>> nbops.permute(np.zeros((2, 3, 4)), (2, 0, 1)).shape
     (4, 2, 3)
     """
-    _array("permute", "x", x)
+    x = _array("permute", "x", x)
     if dims is None:
         raise TypeError("permute: argument 'dims' must be a sequence of ints, got None")
     perm = _permutation("permute", "dims", dims, x.ndim)
@@ -314,6 +314,7 @@ def cat(arrays, axis=0, out=None):
         raise ValueError(f"{op}: argument 'arrays' must hold at least one array, got none")
     named = {f"arrays[{i}]": _array(op, f"arrays[{i}]", a) for i, a in enumerate(arrays)}
     dev = _dispatch.resolve_device(op, out=out, **named)
+    arrays = list(named.values())
     first = arrays[0]
     if first.ndim == 0:
         raise ValueError(f"{op}: arrays[0] is 0-d; only arrays of rank >= 1 can be "
@@ -428,7 +429,7 @@ def split(x, sizes_or_sections, axis=0):
     [[0, 1, 2], [3, 4]]
     """
     op = "split"
-    _array(op, "x", x)
+    x = _array(op, "x", x)
     _dispatch.resolve_device(op, x=x)
     if x.ndim == 0:
         raise ValueError(f"{op}: argument 'x' is 0-d; only arrays of rank >= 1 can be split")
@@ -531,7 +532,7 @@ def reshape(x, shape):
            [3, 4, 5]])
     """
     op = "reshape"
-    _array(op, "x", x)
+    x = _array(op, "x", x)
     dev = _dispatch.resolve_device(op, x=x)
     new_shape = _target_shape(op, shape, math.prod(x.shape), x.shape)
     strides = None
@@ -578,7 +579,7 @@ def contiguous(x):
     >>> nbops.contiguous(a) is a, nbops.contiguous(a.T).flags.c_contiguous
     (True, True)
     """
-    _array("contiguous", "x", x)
+    x = _array("contiguous", "x", x)
     dev = _dispatch.resolve_device("contiguous", x=x)
     if _layout.is_c_contiguous(x):
         return x

@@ -60,7 +60,7 @@ _SPIKE_DTYPES = (np.dtype(np.uint8), np.dtype(np.bool_))
 
 
 def _sequence(op, inputs):
-    _checks.array(op, "inputs", inputs)
+    inputs = _checks.array(op, "inputs", inputs)
     if inputs.ndim < 2:
         raise ValueError(
             f"{op}: argument 'inputs' must be time-major [T, ...] with at least one neuron "
@@ -87,7 +87,7 @@ def _state(op, name, value, inputs, dev):
     """An initial state: None (rest) or an array shaped like one time step."""
     if value is None:
         return None
-    _checks.array(op, name, value)
+    value = _checks.array(op, name, value)
     _checks.same_dtype(op, inputs=inputs, **{name: value})
     step = tuple(inputs.shape[1:])
     if tuple(value.shape) != step:
@@ -112,7 +112,7 @@ def _param(op, name, value, dtype, step, low, high=None, low_open=False):
     if not (isinstance(value, np.ndarray) or _dispatch.is_device_array(value)):
         raise TypeError(f"{op}: argument '{name}' must be a number or an array, got "
                         f"{_checks.describe(value)}")
-    _checks.array(op, name, value)
+    value = _checks.array(op, name, value)
     if value.dtype != dtype:
         raise TypeError(f"{op}: argument '{name}' is {value.dtype} but 'inputs' is {dtype}; "
                         "cast one of them explicitly")
@@ -280,7 +280,7 @@ class _Call:
     def _grad(self, name, g, shape):
         if g is None:
             return None
-        _checks.array(self.op, name, g, _checks.FLOAT_DTYPES + _SPIKE_DTYPES)
+        g = _checks.array(self.op, name, g, _checks.FLOAT_DTYPES + _SPIKE_DTYPES)
         if tuple(g.shape) != tuple(shape):
             raise ValueError(f"{self.op}: argument '{name}' must have shape {tuple(shape)}, "
                              f"got {tuple(g.shape)}")
@@ -638,13 +638,15 @@ def lif_step(x, state=None, params=LIFParameters(), spike_dtype=None, *, out=Non
     if not isinstance(inplace, (bool, np.bool_)):
         raise TypeError(f"lif_step: argument 'inplace' must be a bool, got "
                         f"{_checks.describe(inplace)}")
-    _checks.array("lif_step", "x", x)
+    x = _checks.array("lif_step", "x", x)
     seq = x.reshape((1,) + tuple(x.shape) if x.ndim else (1, 1))
     v0 = None if state is None else state.v
     if v0 is not None and tuple(getattr(v0, "shape", ())) != tuple(x.shape):
         raise ValueError(f"lif_step: state.v must have the shape of x {tuple(x.shape)}, got "
                          f"{tuple(getattr(v0, 'shape', ()))}")
     if inplace:
+        if v0 is not None:  # updated in place: a native copy would lose the update
+            _checks.array("lif_step", "state.v", v0, written=True)
         if v0 is None:
             raise ValueError("lif_step: inplace=True updates state.v, but state is None; "
                              "pass LIFState(v) with v the initial membrane (zeros from rest)")

@@ -70,7 +70,7 @@ def _seed(op, seed):
 
 
 def _encode(op, kernel, x, num_steps, dtype, args):
-    _checks.array(op, "x", x)
+    x = _checks.array(op, "x", x)
     t = _steps(op, num_steps)
     d = _storage(op, dtype)
     dev = _dispatch.resolve_device(op, x=x)
@@ -173,7 +173,7 @@ def delta(x, threshold=0.1, *, padding=False, off_spike=False, dtype=None):
     ...                          off_spike=True)[:, 0]
     array([ 0,  1,  0, -1], dtype=int8)
     """
-    _checks.array("delta", "x", x)
+    x = _checks.array("delta", "x", x)
     if x.ndim < 1 or x.shape[0] == 0:
         raise ValueError(f"delta: argument 'x' must be time-major [T, ...] with T >= 1, got "
                          f"shape {tuple(x.shape)}")

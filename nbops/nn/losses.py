@@ -37,12 +37,14 @@ def _upstream(g, reduction, count):
 
 
 def _pair(op, input, target, reduction, input_name="input"):
-    _checks.array(op, input_name, input)
-    _checks.array(op, "target", target)
+    """Checks of a loss of two arrays; ``(device, input, target)``, the
+    arrays as :func:`nbops._checks.array` returns them."""
+    input = _checks.array(op, input_name, input)
+    target = _checks.array(op, "target", target)
     _checks.same_dtype(op, **{input_name: input, "target": target})
     _checks.same_shape(op, **{input_name: input, "target": target})
     _checks.choice(op, "reduction", reduction, _REDUCTIONS)
-    return _dispatch.resolve_device(op, **{input_name: input, "target": target})
+    return _dispatch.resolve_device(op, **{input_name: input, "target": target}), input, target
 
 
 @operator("mse_loss")
@@ -56,7 +58,7 @@ def mse_loss(input, target, reduction="mean"):
     >>> nbops.nn.mse_loss(np.array([1.0, 2.0]), np.array([0.0, 0.0]))
     array(2.5)
     """
-    _pair("mse_loss", input, target, reduction)
+    _, input, target = _pair("mse_loss", input, target, reduction)
     d = arith.sub(input, target)
     return _reduce(arith.mul(d, d, out=d), reduction)
 
@@ -80,7 +82,8 @@ def binary_cross_entropy_with_logits(logits, target, reduction="mean"):
     >>> nbops.nn.binary_cross_entropy_with_logits(np.array([0.0]), np.array([1.0]))
     array(0.69314718)
     """
-    dev = _pair("binary_cross_entropy_with_logits", logits, target, reduction, "logits")
+    dev, logits, target = _pair("binary_cross_entropy_with_logits", logits, target, reduction,
+                                "logits")
     out = _checks.empty(logits.shape, logits.dtype, dev)
     _dispatch.kernel("nn.bce_with_logits", dev)(
         logits, target, out, _formulas.params(logits.dtype), _formulas.consts(logits.dtype))
@@ -118,8 +121,8 @@ def cross_entropy(logits, target, reduction="mean"):
     array(0.69314718)
     """
     op = "cross_entropy"
-    _checks.array(op, "logits", logits)
-    _checks.array(op, "target", target, _INDEX_DTYPES)
+    logits = _checks.array(op, "logits", logits)
+    target = _checks.array(op, "target", target, _INDEX_DTYPES)
     _checks.choice(op, "reduction", reduction, _REDUCTIONS)
     if logits.ndim != 2 or target.ndim != 1 or target.shape[0] != logits.shape[0]:
         raise ValueError(f"{op}: expected logits (N, C) and target (N,), got "

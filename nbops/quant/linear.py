@@ -303,7 +303,7 @@ def linear_dynamic(x, w, bias=None):
         raise TypeError(f"{op}: argument 'x' must be a float32 array (it is quantized on the "
                         f"fly), got {_checks.describe(x.values if isinstance(x, QTensor) else x)}"
                         "; use quant.linear for quantized inputs")
-    _checks.array(op, "x", x, (np.dtype(np.float32),))
+    x = _checks.array(op, "x", x, (np.dtype(np.float32),))
     pw = w if isinstance(w, PackedWeight) else _packable(op, "w", w, 2)
     dev = _dispatch.resolve_device(op, x=x, w=pw.qweight.values, bias=bias)
     n, k = pw.shape
@@ -311,7 +311,7 @@ def linear_dynamic(x, w, bias=None):
         raise ValueError(f"{op}: 'x' has shape {tuple(x.shape)} but 'w' expects {k} input "
                          f"features (shape {pw.shape})")
     if bias is not None:
-        _checks.array(op, "bias", bias, (np.dtype(np.float32),))
+        bias = _checks.array(op, "bias", bias, (np.dtype(np.float32),))
         if tuple(bias.shape) != (n,):
             raise ValueError(f"{op}: argument 'bias' must have shape ({n},), got "
                              f"{tuple(bias.shape)}")

@@ -58,7 +58,7 @@ def _kernel(name, device):
 
 
 def _dense(op, name, x, ndim, device):
-    _checks.array(op, name, x)
+    x = _checks.array(op, name, x)
     if x.ndim != ndim:
         raise ValueError(f"{op}: '{name}' must be {ndim}-D, got shape {tuple(x.shape)}")
     # kernels read rows of dense operands: contiguous rows are one stream
@@ -68,11 +68,13 @@ def _dense(op, name, x, ndim, device):
 def _pattern(op, data, indices, indptr, shape, scale=None, **dense):
     """Cheap checks of a values-level call (types, lengths, devices; the
     contents were checked when the CSRMatrix was built). Returns
-    ``(shape, scale, device)``."""
-    shape, scale = validate(op, data, indices, indptr, shape, scale if
-                            data is not None and data.dtype == np.int8 else None)
+    ``(shape, scale, device, data, indices, indptr)``, the arrays as
+    :func:`nbops._checks.array` returns them."""
+    shape, scale, data, indices, indptr = validate(
+        op, data, indices, indptr, shape,
+        scale if data is not None and getattr(data, "dtype", None) == np.int8 else None)
     dev = _dispatch.resolve_device(op, data=data, indices=indices, indptr=indptr, **dense)
-    return shape, scale, dev
+    return shape, scale, dev, data, indices, indptr
 
 
 def _same_values_dtype(op, data, **dense):
@@ -93,8 +95,8 @@ def _matrix(op, name, A):
 def _times_dense(op, kernel_name, dense_name, data, indices, indptr, shape, dense, scale,
                  out):
     """Front of SpMV (1-D ``dense``) and SpMM (2-D)."""
-    shape, scale, dev = _pattern(op, data, indices, indptr, shape, scale,
-                                 **{dense_name: dense, "out": out})
+    shape, scale, dev, data, indices, indptr = _pattern(op, data, indices, indptr, shape, scale,
+                                                        **{dense_name: dense, "out": out})
     vector = getattr(dense, "ndim", 0) == 1
     dense = _dense(op, dense_name, dense, 1 if vector else 2, dev)
     _same_values_dtype(op, data, **{dense_name: dense})
@@ -141,7 +143,8 @@ def sddmm_values(indices, indptr, shape, X, Y, out=None):
     pattern: X (rows, d), Y (cols, d), one float dtype; returns (nnz,).
     Differentiable in X and Y."""
     op = "sparse.sddmm_values"
-    shape, _, dev = _pattern(op, None, indices, indptr, shape, X=X, Y=Y, out=out)
+    shape, _, dev, _, indices, indptr = _pattern(op, None, indices, indptr, shape, X=X, Y=Y,
+                                                 out=out)
     X = _dense(op, "X", X, 2, dev)
     Y = _dense(op, "Y", Y, 2, dev)
     _checks.same_dtype(op, X=X, Y=Y)
@@ -159,8 +162,8 @@ def softmax_values(data, indices, indptr, shape):
     row max is subtracted first, NaN propagates to its row). Returns (nnz,).
     Differentiable in ``data``."""
     op = "sparse.softmax_values"
-    _, _, dev = _pattern(op, data, indices, indptr, shape)
-    _checks.array(op, "data", data)
+    _, _, dev, data, indices, indptr = _pattern(op, data, indices, indptr, shape)
+    data = _checks.array(op, "data", data)
     out = _checks.empty(data.shape, data.dtype, dev)
     return _kernel("row_softmax", dev)(data, indptr, out)
 
@@ -170,9 +173,9 @@ def softmax_values_backward(y, grad, indptr):
     """Gradient of :func:`softmax_values`: ``y * (grad - sum_row(grad * y))``
     from its output ``y``; all three on one device, y and grad (nnz,)."""
     op = "sparse.softmax_values_backward"
-    _checks.array(op, "y", y)
-    _checks.array(op, "grad", grad)
-    _checks.array(op, "indptr", indptr, (np.dtype(np.int32), np.dtype(np.int64)))
+    y = _checks.array(op, "y", y)
+    grad = _checks.array(op, "grad", grad)
+    indptr = _checks.array(op, "indptr", indptr, (np.dtype(np.int32), np.dtype(np.int64)))
     _checks.same_dtype(op, y=y, grad=grad)
     _checks.same_shape(op, y=y, grad=grad)
     dev = _dispatch.resolve_device(op, y=y, grad=grad, indptr=indptr)
@@ -186,41 +189,44 @@ def scale_values(data, indices, indptr, shape, row_scale=None, col_scale=None):
     either scale may be None. Scales are 1-D of length rows / cols and of
     data's dtype. Differentiable in ``data`` (not in the scales)."""
     op = "sparse.scale_values"
-    shape, _, dev = _pattern(op, data, indices, indptr, shape, row_scale=row_scale,
-                             col_scale=col_scale)
-    _checks.array(op, "data", data)
+    shape, _, dev, data, indices, indptr = _pattern(op, data, indices, indptr, shape,
+                                                    row_scale=row_scale, col_scale=col_scale)
+    data = _checks.array(op, "data", data)
+    scales = {"row_scale": row_scale, "col_scale": col_scale}
     for name, s, n in (("row_scale", row_scale, shape[0]), ("col_scale", col_scale, shape[1])):
         if s is not None:
-            _dense(op, name, s, 1, dev)
+            s = scales[name] = _dense(op, name, s, 1, dev)
             _checks.same_dtype(op, data=data, **{name: s})
             if s.shape[0] != n:
                 raise ValueError(f"{op}: '{name}' must have {n} entries, got {s.shape[0]}")
     out = _checks.empty(data.shape, data.dtype, dev)
-    return _kernel("scale", dev)(data, indices, indptr, row_scale, col_scale, out)
+    return _kernel("scale", dev)(data, indices, indptr, scales["row_scale"],
+                                 scales["col_scale"], out)
 
 
 def _permutation(op, name, values, perm):
-    _checks.array(op, name, values, (np.dtype(np.float32), np.dtype(np.float64)))
-    _checks.array(op, "perm", perm, (np.dtype(np.int64),))
+    """Checks of gather/scatter; ``(device, out, values, perm)``."""
+    values = _checks.array(op, name, values, (np.dtype(np.float32), np.dtype(np.float64)))
+    perm = _checks.array(op, "perm", perm, (np.dtype(np.int64),))
     if values.ndim != 1 or tuple(perm.shape) != tuple(values.shape):
         raise ValueError(f"{op}: '{name}' and 'perm' must be 1-D of one length, got "
                          f"{tuple(values.shape)} and {tuple(perm.shape)}")
     dev = _dispatch.resolve_device(op, **{name: values, "perm": perm})
-    return dev, _checks.empty(values.shape, values.dtype, dev)
+    return dev, _checks.empty(values.shape, values.dtype, dev), values, perm
 
 
 @operator("sparse.gather")
 def gather(values, perm):
     """``values[perm]`` for a permutation ``perm`` (int64) on either device
     (how ``A.T`` reorders values). Differentiable in ``values``."""
-    dev, out = _permutation("sparse.gather", "values", values, perm)
+    dev, out, values, perm = _permutation("sparse.gather", "values", values, perm)
     return _kernel("gather", dev)(values, perm, out)
 
 
 @operator("sparse.scatter")
 def scatter(values, perm):
     """``out[perm] = values``, the inverse of :func:`gather`."""
-    dev, out = _permutation("sparse.scatter", "values", values, perm)
+    dev, out, values, perm = _permutation("sparse.scatter", "values", values, perm)
     return _kernel("scatter", dev)(values, perm, out)
 
 

@@ -50,11 +50,15 @@ def _shape(op, shape):
 
 def validate(op, data, indices, indptr, shape, scale):
     """Check the types, dtypes, lengths and devices of CSR arrays (``data``
-    may be None for a bare pattern); returns ``(shape, scale)``."""
+    may be None for a bare pattern); returns ``(shape, scale, data,
+    indices, indptr)``, the arrays as :func:`nbops._checks.array` returns
+    them (an autograd tensor's ``data`` as it came)."""
     shape = _shape(op, shape)
-    _checks.array(op, "indices", indices, INDEX_DTYPES)
-    _checks.array(op, "indptr", indptr, INDEX_DTYPES)
+    indices = _checks.array(op, "indices", indices, INDEX_DTYPES)
+    indptr = _checks.array(op, "indptr", indptr, INDEX_DTYPES)
     vals = indices if data is None else _checks.array(op, "data", raw(data), VALUE_DTYPES)
+    if data is not None and not is_tensor(data):
+        data = vals
     for name, a in (("data", vals), ("indices", indices), ("indptr", indptr)):
         if a.ndim != 1:
             raise ValueError(f"{op}: '{name}' must be 1-D, got shape {tuple(a.shape)}")
@@ -81,7 +85,7 @@ def validate(op, data, indices, indptr, shape, scale):
     if indices.dtype == np.int32 and max(nnz, *shape) > _INT32_MAX:
         raise ValueError(f"{op}: int32 indices cannot address {nnz} nonzeros in a "
                          f"{shape[0]} x {shape[1]} matrix; use int64 indices")
-    return shape, scale
+    return shape, scale, data, indices, indptr
 
 
 def check_structure(op, indices, indptr, shape):
@@ -173,7 +177,8 @@ class CSRMatrix:
             data = _as_array(op, "data", data)
         indices = _as_array(op, "indices", indices)
         indptr = _as_array(op, "indptr", indptr)
-        self.shape, self.scale = validate(op, data, indices, indptr, shape, scale)
+        self.shape, self.scale, data, indices, indptr = validate(op, data, indices, indptr,
+                                                                 shape, scale)
         if check:
             check_structure(op, indices, indptr, self.shape)
         self.data = data
@@ -234,7 +239,8 @@ class CSRMatrix:
         """The same pattern with new values (an array or Tensor of nnz
         values on this device)."""
         vals = raw(data)
-        _checks.array("CSRMatrix.with_data", "data", vals, VALUE_DTYPES[:2])
+        vals = _checks.array("CSRMatrix.with_data", "data", vals, VALUE_DTYPES[:2])
+        data = data if is_tensor(data) else vals
         if tuple(vals.shape) != (self.nnz,):
             raise ValueError(f"CSRMatrix.with_data: 'data' must have shape ({self.nnz},), "
                              f"got {tuple(vals.shape)}")
@@ -261,8 +267,8 @@ class CSRMatrix:
             if not isinstance(a, np.ndarray):
                 raise TypeError(f"{op}: '{name}' must be a host array; call nbops.to_host "
                                 "first and .to_device() on the result")
-        _checks.array(op, "indices", indices, INDEX_DTYPES)
-        _checks.array(op, "values", values, VALUE_DTYPES[:2])
+        indices = _checks.array(op, "indices", indices, INDEX_DTYPES)
+        values = _checks.array(op, "values", values, VALUE_DTYPES[:2])
         shape = _shape(op, shape)
         if indices.ndim != 2 or indices.shape[0] != 2:
             raise ValueError(f"{op}: 'indices' must have shape (2, nnz), got {indices.shape}")
@@ -297,7 +303,7 @@ class CSRMatrix:
         nonzero). A device array is converted on the host and the result
         moved back."""
         op = "CSRMatrix.from_dense"
-        _checks.array(op, "a", a)
+        a = _checks.array(op, "a", a)
         if a.ndim != 2:
             raise ValueError(f"{op}: 'a' must be 2-D, got shape {tuple(a.shape)}")
         host = _host(a)
