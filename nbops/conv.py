@@ -273,7 +273,7 @@ def fold_batch_norm(weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps=1e-5)
     array([1., 1.])
     """
     op = "fold_batch_norm"
-    _checks.array(op, "weight", weight)
+    weight = _checks.array(op, "weight", weight)
     if weight.ndim < 2:
         raise ValueError(f"{op}: argument 'weight' must have at least 2 dimensions "
                          f"(out_channels, ...), got shape {tuple(weight.shape)}")
@@ -402,12 +402,12 @@ def _as4d(x, spatial):
 def _conv(op, spatial, x, weight, bias, wscale, stride, padding, dilation, groups,
           activation, out, scale_arrays=None, residual=None):
     """Check, allocate and run one convolution kernel; returns ``(out, geo)``."""
-    _checks.array(op, "x", x)
-    _checks.array(op, "weight", weight)
+    x = _checks.array(op, "x", x)
+    weight = _checks.array(op, "weight", weight)
     if bias is not None:
-        _checks.array(op, "bias", bias)
+        bias = _checks.array(op, "bias", bias)
     if residual is not None:
-        _checks.array(op, "residual", residual)
+        residual = _checks.array(op, "residual", residual)
     _checks.same_dtype(op, x=x, weight=weight, bias=bias, residual=residual)
     dev = _dispatch.resolve_device(op, x=x, weight=weight, bias=bias, out=out,
                                    residual=residual, **(scale_arrays or {}))
@@ -450,7 +450,7 @@ def _bn_args(op, ref, bias, bn_mean, bn_var, bn_weight, bn_bias, eps, co):
     for name, v in stats.items():
         if v is None and name == "bias":
             continue
-        _checks.array(op, name, v)
+        v = stats[name] = _checks.array(op, name, v)
         if tuple(v.shape) != (co,):
             raise ValueError(f"{op}: argument '{name}' must have shape ({co},) (one value per "
                              f"output channel), got {tuple(v.shape)}")
@@ -473,13 +473,13 @@ def _scale_shift(dev, dtype, co, stats, eps):
 
 def _conv_bn(op, x, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps, stride, padding,
              dilation, groups, activation, out, residual):
-    _checks.array(op, "weight", weight)
+    weight = _checks.array(op, "weight", weight)
     if weight.ndim not in (3, 4):
         raise ValueError(f"{op}: argument 'weight' must be 4-D (out_channels, "
                          f"in_channels/groups, kH, kW) or 3-D for 1-D convolutions, got "
                          f"shape {tuple(weight.shape)}")
     co = int(weight.shape[0])
-    _checks.array(op, "x", x)
+    x = _checks.array(op, "x", x)
     _dispatch.resolve_device(op, x=x, weight=weight)
     dev, stats = _bn_args(op, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps, co)
     scale, shift = _scale_shift(dev, weight.dtype, co, stats, eps)
