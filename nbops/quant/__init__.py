@@ -584,7 +584,8 @@ def _qtensor(op, name, q, per_tensor=False):
 
 def _contiguous(op, name, x, dev):
     if dev == CPU:
-        return np.ascontiguousarray(x)
+        # np.ascontiguousarray makes a 0-d array 1-d: the output took its shape
+        return x if x.flags.c_contiguous else np.ascontiguousarray(x)
     from .._layout import is_c_contiguous
 
     if not is_c_contiguous(x):
