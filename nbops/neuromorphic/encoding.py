@@ -195,16 +195,13 @@ def delta(x, threshold=0.1, *, padding=False, off_spike=False, dtype=None):
 
 
 def _spikes(op, spikes):
-    if not (isinstance(spikes, np.ndarray) or _dispatch.is_device_array(spikes)):
-        raise TypeError(f"{op}: argument 'spikes' must be an array, got "
-                        f"{_checks.describe(spikes)}")
-    if spikes.dtype not in _ANY_SPIKES:
-        raise TypeError(f"{op}: argument 'spikes' must be a uint8, int8, bool, float32 or "
-                        f"float64 array, got {spikes.dtype}")
+    """``(device, spikes)``, the spikes as :func:`nbops._checks.array` returns
+    them (native byte order)."""
+    spikes = _checks.array(op, "spikes", spikes, _ANY_SPIKES)
     if spikes.ndim < 1 or spikes.shape[0] == 0:
         raise ValueError(f"{op}: argument 'spikes' must be time-major [T, ...] with T >= 1, "
                          f"got shape {tuple(spikes.shape)}")
-    return _dispatch.resolve_device(op, spikes=spikes)
+    return _dispatch.resolve_device(op, spikes=spikes), spikes
 
 
 def _counted(spikes):
@@ -226,7 +223,7 @@ def spike_count(spikes):
     >>> nbops.neuromorphic.spike_count(np.array([[1, 0], [1, 1]], np.uint8))
     array([2, 1], dtype=int32)
     """
-    dev = _spikes("spike_count", spikes)
+    dev, spikes = _spikes("spike_count", spikes)
     d = spikes.dtype if spikes.dtype.kind == "f" else np.dtype(np.int32)
     out = _checks.empty(tuple(spikes.shape[1:]), d, dev)
     t = spikes.shape[0]
@@ -247,7 +244,7 @@ def first_spike_time(spikes):
     >>> nbops.neuromorphic.first_spike_time(np.array([[0, 0], [1, 0], [1, 0]], np.uint8))
     array([1, 3], dtype=int32)
     """
-    dev = _spikes("first_spike_time", spikes)
+    dev, spikes = _spikes("first_spike_time", spikes)
     out = _checks.empty(tuple(spikes.shape[1:]), np.int32, dev)
     t = spikes.shape[0]
     _dispatch.kernel("spike_first_spike_time", dev)(_flat(_counted(spikes)).reshape(t, -1),
