@@ -1,0 +1,392 @@
+"""What the digits tasks share: options, the data split, the training loop
+with its progress bar, timings (wall, latency, compilation), the summary
+table and the plots.
+
+Kept free of any model code so that each task module reads as the script a
+user would write: build a model, train it with :func:`train`, measure it,
+return :class:`Result` rows and a history for the plots.
+"""
+
+import dataclasses
+import os
+import sys
+import time
+
+import numpy as np
+
+import nbops
+
+#: What ``pip`` line brings the optional parts (plots, progress bars, data).
+EXTRA_HINT = 'pip install "nbops[demo]"'
+
+
+@dataclasses.dataclass
+class Config:
+    """One run's settings (the command-line options)."""
+
+    device: str = "cpu"
+    quick: bool = False
+    seed: int = 0
+    out: str = "nbops-demo"
+    quiet: bool = False
+    plots: bool = True
+    #: at most this many training and test images each (0: all); the CUDA
+    #: simulator runs one OS thread per CUDA thread and needs tiny inputs
+    limit: int = 0
+
+    def __post_init__(self):
+        # The documented default GEMM configs unless the user asks for tuning:
+        # the autotuner times every candidate (each compiled) on each new
+        # shape, minutes for shapes a demo sees a few times.
+        os.environ.setdefault("NBOPS_AUTOTUNE", "0")
+
+    def epochs(self, full, quick):
+        """Epochs of a task: ``quick`` under ``--quick``, else ``full``."""
+        return quick if self.quick else full
+
+    def say(self, text):
+        """Print a line unless ``--quiet``."""
+        if not self.quiet:
+            print(text, flush=True)
+
+
+def add_options(parser, tasks=None):
+    """The demo's options on ``parser``; ``tasks`` adds ``--only``."""
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--quick", action="store_true",
+                        help="few epochs (seconds once compiled), same code path")
+    parser.add_argument("--out", default="nbops-demo", metavar="DIR",
+                        help="folder for the PNG plots (default ./nbops-demo)")
+    parser.add_argument("--seed", type=int, default=0, help="data split and weights")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars or step lines")
+    parser.add_argument("--no-plots", dest="plots", action="store_false",
+                        help="do not write plots")
+    parser.add_argument("--limit", type=int, default=0, metavar="N",
+                        help="use at most N training and N test images (smoke tests)")
+    if tasks:
+        parser.add_argument("--only", nargs="+", action="extend", choices=tasks,
+                            metavar="TASK", help=f"run only these tasks ({', '.join(tasks)})")
+    return parser
+
+
+def config_from(args):
+    """A :class:`Config` from parsed options."""
+    return Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)})
+
+
+# ---------------------------------------------------------------------------
+# Data
+
+
+@dataclasses.dataclass
+class Digits:
+    """scikit-learn's 8x8 digits, pixels scaled to [0, 1], split 75/25
+    (stratified, by the seed)."""
+
+    x_train: np.ndarray   # (n, 8, 8) float32
+    y_train: np.ndarray   # (n,) int64
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+
+def load_digits(cfg):
+    """The split of ``cfg.seed`` (no download: the images ship inside
+    scikit-learn). Raises SystemExit with the install line when
+    scikit-learn is missing."""
+    try:
+        from sklearn.datasets import load_digits as sk_load
+        from sklearn.model_selection import train_test_split
+    except ImportError:
+        raise SystemExit(f"nbops demo needs scikit-learn for its data set: {EXTRA_HINT}")
+    d = sk_load()
+    x = (d.images / 16.0).astype(np.float32)
+    xtr, xte, ytr, yte = train_test_split(x, d.target.astype(np.int64), test_size=0.25,
+                                          random_state=cfg.seed, stratify=d.target)
+    if cfg.limit:
+        xtr, ytr, xte, yte = xtr[:cfg.limit], ytr[:cfg.limit], xte[:cfg.limit], yte[:cfg.limit]
+    return Digits(np.ascontiguousarray(xtr), ytr, np.ascontiguousarray(xte), yte)
+
+
+def move(cfg, x):
+    """``x`` on the run's device (arrays only move when asked: DESIGN.md)."""
+    return nbops.to_device(x) if cfg.device == "cuda" else x
+
+
+def host(x):
+    """A NumPy array of an array, device array or Tensor."""
+    if isinstance(x, nbops.Tensor):
+        x = x.data
+    return x if isinstance(x, np.ndarray) else np.asarray(nbops.to_host(x))
+
+
+def accuracy(logits, labels):
+    """Fraction of rows whose largest logit is the label."""
+    return float((host(logits).argmax(axis=1) == labels).mean())
+
+
+# ---------------------------------------------------------------------------
+# Training loop and progress
+
+
+def progress(total, desc, cfg):
+    """A progress bar of ``total`` steps: tqdm when installed, else one
+    plain line rewritten in place; nothing under ``--quiet``. Used as
+    ``bar.update(n, text)`` then ``bar.close()``."""
+    if cfg.quiet:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _LineBar(total, desc)
+    return _TqdmBar(tqdm(total=total, desc=desc, leave=False, file=sys.stdout,
+                         dynamic_ncols=True))
+
+
+class _NoBar:
+    def update(self, n=1, text=""):
+        pass
+
+    def close(self):
+        pass
+
+
+class _TqdmBar(_NoBar):
+    def __init__(self, bar):
+        self.bar = bar
+
+    def update(self, n=1, text=""):
+        if text:
+            self.bar.set_postfix_str(text, refresh=False)
+        self.bar.update(n)
+
+    def close(self):
+        self.bar.close()
+
+
+class _LineBar(_NoBar):
+    def __init__(self, total, desc):
+        self.total, self.desc, self.done = total, desc, 0
+
+    def update(self, n=1, text=""):
+        self.done += n
+        sys.stdout.write(f"\r  {self.desc}: {self.done}/{self.total} {text}   ")
+        sys.stdout.flush()
+
+    def close(self):
+        sys.stdout.write("\r" + " " * 72 + "\r")
+        sys.stdout.flush()
+
+
+def train(cfg, desc, n, batch, epochs, step, evaluate):
+    """Minibatch training: each epoch shuffles ``range(n)`` (seeded),
+    calls ``step(indices)`` (returns the batch loss as a float) per batch
+    and ``evaluate()`` (returns the test accuracy) after the epoch.
+
+    Returns ``(history, seconds)``: history is a dict of per-epoch lists
+    ``loss`` (mean batch loss) and ``accuracy``; seconds is the wall time of
+    the whole loop, evaluations and first-call compilation included (the
+    summary reports compilation on its own)."""
+    rng = np.random.default_rng(cfg.seed)
+    history = {"loss": [], "accuracy": []}
+    bar = progress(epochs, desc, cfg)
+    start = time.perf_counter()
+    for _ in range(epochs):
+        order = rng.permutation(n)
+        losses = [step(order[i:i + batch]) for i in range(0, n, batch)]
+        history["loss"].append(float(np.mean(losses)))
+        history["accuracy"].append(evaluate())
+        bar.update(1, f"loss {history['loss'][-1]:.3f} acc {history['accuracy'][-1]:.3f}")
+    bar.close()
+    return history, time.perf_counter() - start
+
+
+def loss_value(loss):
+    """The float of a 0-d loss Tensor on either device."""
+    return float(host(loss))
+
+
+# ---------------------------------------------------------------------------
+# Timings
+
+
+class CompileClock:
+    """Seconds Numba spent compiling or loading kernels from its cache
+    inside a ``with`` block, through Numba's event API (the
+    ``numba:compiler_lock`` event: outermost intervals only, as
+    :mod:`nbops.profiler` counts them)."""
+
+    def __enter__(self):
+        from numba.core import event
+
+        from ..profiler import _CompileTimer
+
+        self._modules = [event]
+        cuda_event = sys.modules.get("numba.cuda.core.event")
+        if cuda_event is not None and cuda_event is not event:
+            self._modules.append(cuda_event)
+        self._timer = _CompileTimer()
+        for mod in self._modules:
+            mod.Listener.register(_CompileTimer)   # a virtual subclass, as the profiler does
+            mod.register("numba:compiler_lock", self._timer)
+        return self
+
+    def __exit__(self, *exc):
+        for mod in self._modules:
+            mod.unregister("numba:compiler_lock", self._timer)
+        return False
+
+    @property
+    def seconds(self):
+        return self._timer.total / 1e9
+
+
+def latency(fn, x, budget=0.25, most=200):
+    """Median seconds of ``fn(x)`` after one warm-up call, over as many
+    calls as fit in ``budget`` seconds (at least 3, at most ``most``).
+    Device results are copied back, so a CUDA figure includes the copy."""
+    host(fn(x))
+    times = []
+    end = time.perf_counter() + budget
+    while len(times) < 3 or (len(times) < most and time.perf_counter() < end):
+        t = time.perf_counter()
+        host(fn(x))
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+@dataclasses.dataclass
+class Result:
+    """One row of the summary table."""
+
+    task: str
+    accuracy: float
+    train_s: float = float("nan")
+    latency_1: float = float("nan")     # seconds per call, batch 1
+    latency_256: float = float("nan")   # seconds per call, batch 256
+    device: str = "cpu"
+    compile_s: float = float("nan")
+    note: str = ""
+
+
+def _ms(s):
+    return "-" if s != s else f"{s * 1e3:.3g}"
+
+
+def _sec(s):
+    return "-" if s != s else f"{s:.1f}"
+
+
+def summary_table(results):
+    """The summary as text lines: one row per result."""
+    head = (f"{'task':<20} {'accuracy':>8} {'train s':>8} {'ms b=1':>8} {'ms b=256':>9} "
+            f"{'device':<6} {'compile s':>9}  note")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        acc = "-" if r.accuracy != r.accuracy else f"{r.accuracy:.2%}"
+        lines.append(f"{r.task:<20} {acc:>8} {_sec(r.train_s):>8} "
+                     f"{_ms(r.latency_1):>8} {_ms(r.latency_256):>9} {r.device:<6} "
+                     f"{_sec(r.compile_s):>9}  {r.note}")
+    return lines
+
+
+# ---------------------------------------------------------------------------
+# Plots (matplotlib optional)
+
+
+def pyplot(cfg):
+    """matplotlib's pyplot on the Agg backend, or None (with one line saying
+    how to get it) when matplotlib is missing or plots are off."""
+    if not cfg.plots:
+        return None
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"plots skipped: matplotlib is not installed ({EXTRA_HINT} to get them)")
+        return None
+    return plt
+
+
+def save(cfg, fig, name):
+    """Write ``fig`` as ``cfg.out/name`` (100 dpi), close it, return the path."""
+    os.makedirs(cfg.out, exist_ok=True)
+    path = os.path.join(cfg.out, name)
+    fig.savefig(path, dpi=100)
+    import matplotlib.pyplot as plt   # loaded already: fig came from it
+
+    plt.close(fig)
+    return path
+
+
+#: Figure sizes in inches at 100 dpi (the tests check the PNGs' pixels).
+FIGSIZE = {"curves": (10, 4), "latency": (8, 4.5), "raster": (8, 4), "confusion": (5, 5)}
+
+
+def plot_training_curves(cfg, histories):
+    """Test accuracy and training loss per epoch of every task
+    (``histories``: task -> history of :func:`train`); the PNG's path."""
+    plt = pyplot(cfg)
+    if plt is None or not histories:
+        return None
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=FIGSIZE["curves"])
+    for task, h in histories.items():
+        epochs = np.arange(1, len(h["loss"]) + 1)
+        ax_loss.plot(epochs, h["loss"], marker=".", label=task)
+        ax_acc.plot(epochs, h["accuracy"], marker=".", label=task)
+    ax_loss.set(xlabel="epoch", ylabel="training loss", yscale="log", title="loss")
+    ax_acc.set(xlabel="epoch", ylabel="test accuracy", title="accuracy", ylim=(0, 1))
+    ax_acc.legend(loc="lower right")
+    fig.tight_layout()
+    return save(cfg, fig, "training_curves.png")
+
+
+def plot_latency(cfg, bars):
+    """Grouped bars of milliseconds per call: ``bars`` maps an
+    implementation ("nbops fused", "NumPy", "onnxruntime"...) to
+    ``{batch: seconds}``; the PNG's path."""
+    plt = pyplot(cfg)
+    if plt is None or not bars:
+        return None
+    batches = sorted({b for v in bars.values() for b in v})
+    fig, axes = plt.subplots(1, len(batches), figsize=FIGSIZE["latency"])
+    for ax, b in zip(np.atleast_1d(axes), batches):
+        names = [n for n in bars if b in bars[n]]
+        ms = [bars[n][b] * 1e3 for n in names]
+        ax.barh(names, ms, color=[f"C{i}" for i in range(len(names))])
+        ax.set(xlabel="ms per call", title=f"CNN inference, batch {b}")
+        ax.invert_yaxis()
+    fig.tight_layout()
+    return save(cfg, fig, "latency.png")
+
+
+def plot_raster(cfg, spikes, title):
+    """A spike raster of ``spikes`` (T, neurons) of one image; the PNG's path."""
+    plt = pyplot(cfg)
+    if plt is None:
+        return None
+    fig, ax = plt.subplots(figsize=FIGSIZE["raster"])
+    t, n = np.nonzero(np.asarray(spikes))
+    ax.scatter(t, n, s=4, marker="|", color="k")
+    ax.set(xlabel="time step", ylabel="neuron", title=title,
+           xlim=(-0.5, spikes.shape[0] - 0.5), ylim=(-0.5, spikes.shape[1] - 0.5))
+    fig.tight_layout()
+    return save(cfg, fig, "spike_raster.png")
+
+
+def plot_confusion(cfg, labels, predicted, title):
+    """The 10 x 10 confusion matrix of ``predicted`` against ``labels``."""
+    plt = pyplot(cfg)
+    if plt is None:
+        return None
+    m = np.zeros((10, 10), np.int64)
+    np.add.at(m, (labels, predicted), 1)
+    fig, ax = plt.subplots(figsize=FIGSIZE["confusion"])
+    ax.imshow(m, cmap="Blues")
+    for (i, j), v in np.ndenumerate(m):
+        if v:
+            ax.text(j, i, str(v), ha="center", va="center", fontsize=7,
+                    color="white" if v > m.max() / 2 else "black")
+    ax.set(xticks=range(10), yticks=range(10), xlabel="predicted", ylabel="true", title=title)
+    fig.tight_layout()
+    return save(cfg, fig, "confusion_matrix.png")
