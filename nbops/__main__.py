@@ -1,8 +1,9 @@
-"""``python -m nbops`` (also the ``nbops`` script): info, bench, demo, tune, warmup.
+"""``python -m nbops`` (also the ``nbops`` script): info, demo, selftest, bench, tune, warmup.
 
     python -m nbops info                       versions, CPU/SIMD, threads, CUDA, cache
+    python -m nbops demo                       train, fuse, quantize, serve networks on digits
+    python -m nbops selftest                   every op family, checked against NumPy
     python -m nbops bench --quick --op gelu    nbops beside NumPy: time, GB/s, error
-    python -m nbops demo                       every op family, checked against NumPy
     python -m nbops warmup --ops relu          compile kernels into the disk cache ahead of use
 """
 
@@ -79,13 +80,19 @@ def _load_warning():
 
 
 def _demo(args):
+    from .demo import main
+
+    return main(args=args)
+
+
+def _selftest(args):
     from .bench.demo import run_demo
 
     devices = args.device or ["cpu", "cuda"]
     try:
         failures = run_demo(quick=args.quick, devices=devices, only=args.op)
     except ValueError as exc:
-        print(f"nbops demo: {exc}", file=sys.stderr)
+        print(f"nbops selftest: {exc}", file=sys.stderr)
         return 2
     return 1 if failures else 0
 
@@ -99,7 +106,8 @@ def _warmup(args):
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m nbops", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", metavar="{info,bench,demo,tune,warmup}", required=True)
+    sub = p.add_subparsers(dest="command", metavar="{info,demo,selftest,bench,tune,warmup}",
+                           required=True)
 
     info = sub.add_parser("info", help="versions, CPU and SIMD features, threads, CUDA, cache")
     info.add_argument("--no-probe", action="store_true",
@@ -122,13 +130,20 @@ def build_parser():
     b.add_argument("--list", action="store_true", help="list the cases and exit")
     b.set_defaults(func=_bench)
 
-    d = sub.add_parser("demo", help="run every op family, check against NumPy, time it")
+    from .demo import TASKS
+    from .demo._common import add_options
+
+    add_options(sub.add_parser("demo", help="CNN, spiking net, GCN and Transformer on the "
+                               "digits: train, fuse, int8, ONNX, timings, plots"),
+                TASKS).set_defaults(func=_demo)
+
+    d = sub.add_parser("selftest", help="run every op family, check against NumPy, time it")
     d.add_argument("--quick", action="store_true", help="small inputs (seconds, once compiled)")
     d.add_argument("--device", nargs="+", action="extend", choices=["cpu", "cuda"],
                    help="devices to run on (default: cpu, and cuda when available)")
     d.add_argument("--op", nargs="+", action="extend", metavar="NAME",
                    help="cases or families to run (shell globs), default all")
-    d.set_defaults(func=_demo)
+    d.set_defaults(func=_selftest)
 
     t = sub.add_parser("tune", help="pre-tune GEMM (and other tuned kernels) for this machine",
                        add_help=False, prefix_chars="+")  # every "-" option is tune_main's

@@ -1,4 +1,4 @@
-"""``python -m nbops info|bench|demo`` run as a user runs them: in a fresh
+"""``python -m nbops info|bench|selftest`` run as a user runs them: in a fresh
 interpreter, checked by exit code and output (sizes kept tiny)."""
 
 import json
@@ -83,10 +83,10 @@ def test_bench_list():
     assert "relu" in out and "hardswish_backward" in out and "transpose" not in out
 
 
-def test_demo_quick_passes_on_every_device():
+def test_selftest_quick_passes_on_every_device():
     # the activations family keeps it short; the other families' steps are
-    # checked in test_bench.py
-    rc, out, err = nbops_cli("demo", "--quick", "--op", "activations")
+    # checked in test_bench.py (the digits demo: test_demo.py)
+    rc, out, err = nbops_cli("selftest", "--quick", "--op", "activations")
     assert rc == 0, out + err
     assert "all checks passed" in out
     for op in ("relu", "gelu", "gelu_tanh_backward", "swish_backward"):

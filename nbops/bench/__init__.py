@@ -1,5 +1,5 @@
 """Benchmark cases and the harness behind ``python -m nbops bench`` and
-``python -m nbops demo``.
+``python -m nbops selftest``.
 
 Each module here is a family (``activations``, ``tensor``, ``linalg``...)
 and lists its :class:`~nbops.bench.harness.Case` objects in ``CASES``: the

@@ -1,4 +1,4 @@
-"""``python -m nbops demo``: a short tour that runs every operator family on
+"""``python -m nbops selftest``: a short tour that runs every operator family on
 synthetic data, on the CPU and (when available) on CUDA, checks each result
 against NumPy and prints the error, PASS/FAIL and timings.
 
