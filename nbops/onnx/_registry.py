@@ -21,6 +21,12 @@ A handler module declares each operator once::
   and returns a state object (pre-packed weights, parsed attributes), passed
   to the handler as ``state=``; it raises :class:`UnsupportedModelError` for
   an attribute or dtype the handler does not support.
+* ``dtypes`` (optional): the element types (NumPy dtype names, e.g.
+  ``("float32", "float64")``) the handler accepts on its first input; the
+  planner refuses any other at load time, naming the node. ``None`` accepts
+  any type the handler itself checks.
+* The session passes ``state=`` only to handlers declared with a
+  ``prepare``; a handler without one is called ``fn(node, *inputs)``.
 * ``since``/``until`` bound the opset versions whose semantics the handler
   implements (inclusive); an op whose semantics changed gets one declaration
   per range (Softmax before and from 13, Clip before and from 11).
@@ -45,6 +51,7 @@ class OpSpec:
     until: Optional[int]
     run: Callable
     prepare: Optional[Callable] = None
+    dtypes: Optional[tuple] = None
 
     def covers(self, opset):
         return self.since <= opset and (self.until is None or opset <= self.until)
@@ -53,12 +60,13 @@ class OpSpec:
 _TABLE = {}
 
 
-def onnx_op(op_type, since=1, until=None, *, domain="", prepare=None):
+def onnx_op(op_type, since=1, until=None, *, domain="", prepare=None, dtypes=None):
     """Declares the handler of ``op_type`` for opsets ``since..until``."""
 
     def deco(fn):
         specs = _TABLE.setdefault((_norm_domain(domain), op_type), [])
-        spec = OpSpec(op_type, _norm_domain(domain), since, until, fn, prepare)
+        spec = OpSpec(op_type, _norm_domain(domain), since, until, fn, prepare,
+                      None if dtypes is None else tuple(dtypes))
         for other in specs:
             if other.since <= (until or 10**9) and since <= (other.until or 10**9):
                 raise ValueError(f"onnx_op: {op_type} opsets {since}..{until} overlap "
