@@ -224,7 +224,8 @@ def dequantize(q, dtype=np.float32, out=None):
     op = "dequantize"
     q = _qtensor(op, "q", q)
     fdtype = np.dtype(dtype) if _is_dtype(dtype) else None
-    if fdtype not in _FLOATS:
+    # not `None in _FLOATS`: NumPy's dtype == None is float64 == float64
+    if fdtype is None or fdtype not in _FLOATS:
         raise TypeError(f"{op}: argument 'dtype' must be float32 or float64, got {dtype!r}")
     dev = q.device
     values = _contiguous(op, "q", q.values, dev)
