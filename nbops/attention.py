@@ -185,7 +185,10 @@ def positional_encoding(max_len, d_model, dtype=np.float32):
                             f"got {_checks.describe(value)}")
         if value < low:
             raise ValueError(f"{op}: argument '{name}' must be >= {low}, got {value}")
-    dtype = np.dtype(dtype)
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        dtype = repr(dtype)      # not a dtype at all: refused below by name
     if dtype not in _checks.FLOAT_DTYPES:
         raise TypeError(f"{op}: argument 'dtype' must be float32 or float64, got {dtype}")
     pos = np.arange(max_len, dtype=np.float64)[:, None]
