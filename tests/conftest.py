@@ -35,6 +35,12 @@ except ImportError:  # hypothesis is part of the [test] extra
 DEVICES = ["cpu", "cuda"]
 
 
+def pytest_addoption(parser):
+    # tests/test_fuzz.py: many freshly random cases per operator (nightly)
+    parser.addoption("--fuzz-long", action="store_true", default=False,
+                     help="run the long fuzz profile of tests/test_fuzz.py")
+
+
 @pytest.fixture(params=DEVICES)
 def device(request):
     """Runs a test once on the CPU and once on CUDA (simulated without a GPU)."""

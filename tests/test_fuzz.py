@@ -1,0 +1,390 @@
+"""Fuzzing every public operator from the table in tests/fuzz_table.py.
+
+Each case is one call with drawn shapes (0 and 1 included), parameters
+(inside and, now and then, outside their ranges), dtypes (supported or
+not), layouts (F order, negative, sliced and zero strides, non-native byte
+order, NumPy scalars for 0-d inputs), special values and ``out=`` arrays
+(fresh, F order, aliasing or overlapping an input, the wrong dtype or byte
+order, read-only). A valid call must match the NumPy reference, leave its
+inputs alone and return native arrays; an invalid one must raise TypeError
+or ValueError naming the operator. Nothing else may happen.
+
+CPU only: the CUDA simulator runs kernels in Python, far too slowly for
+this many cases (the CUDA paths share these fronts and checks).
+
+The CI profile runs a fixed set of cases per operator (hypothesis
+derandomized); ``pytest --fuzz-long tests/test_fuzz.py`` runs many more,
+freshly random, for a nightly run. ``NBOPS_FUZZ_COUNTS=path.json`` writes
+the number of cases per family.
+"""
+
+import collections
+import json
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import nbops
+from fuzz_table import FAMILIES, TABLE, Draw
+
+#: cases per operator: in CI, and with --fuzz-long
+CI_EXAMPLES = 100
+LONG_EXAMPLES = 400
+
+COUNTS = collections.defaultdict(collections.Counter)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _write_counts():
+    yield
+    path = os.environ.get("NBOPS_FUZZ_COUNTS")
+    if path:
+        with open(path, "w") as f:
+            json.dump({k: dict(v) for k, v in sorted(COUNTS.items())}, f, indent=1)
+
+
+def _arrays(value):
+    """The NumPy arrays among an argument (a list of arrays included)."""
+    if isinstance(value, np.ndarray):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [a for a in value if isinstance(a, np.ndarray)]
+    return []
+
+
+LAYOUTS = ("c", "c", "c", "f", "neg", "slice", "bcast", "swap", "readonly")
+
+
+def _layout(d, a, kind):
+    """``a`` (or a view holding other values: the reference sees what the
+    op sees) with the layout ``kind``."""
+    if a.ndim == 0:
+        return a[()] if kind in ("swap", "bcast") else a   # a NumPy scalar
+    if kind == "f":
+        return np.asfortranarray(a)
+    if kind == "neg":
+        ax = d.int(0, a.ndim - 1)
+        return np.flip(np.flip(a, ax).copy(), ax)
+    if kind == "slice":
+        ax = d.int(0, a.ndim - 1)
+        shape = list(a.shape)
+        shape[ax] *= 2
+        big = np.zeros(shape, a.dtype)
+        idx = [slice(None)] * a.ndim
+        idx[ax] = slice(None, None, 2)
+        big[tuple(idx)] = a
+        return big[tuple(idx)]
+    if kind == "bcast":
+        ax = d.int(0, a.ndim - 1)
+        return np.broadcast_to(np.take(a, [0], axis=ax) if a.shape[ax] else a, a.shape)
+    if kind == "swap":
+        return a.astype(a.dtype.newbyteorder("S"))
+    if kind == "readonly":
+        a = a.copy()
+        a.flags.writeable = False
+        return a
+    return a
+
+
+def _vary(d, case, row):
+    """Apply drawn layouts to the case's arrays (not those the row fixes)."""
+    for i, v in enumerate(case.args):
+        if i in case.fixed:
+            continue
+        if isinstance(v, np.ndarray):
+            case.args[i] = _layout(d, v, d.choice(LAYOUTS))
+        elif isinstance(v, list) and v and all(isinstance(a, np.ndarray) for a in v):
+            case.args[i] = [_layout(d, a, d.choice(LAYOUTS)) for a in v]
+    for k, v in case.kwargs.items():
+        if isinstance(v, np.ndarray) and not k.startswith("_"):
+            case.kwargs[k] = _layout(d, v, d.choice(LAYOUTS))
+
+
+def _out(d, row, case, want, dtype):
+    """An ``out=`` array (or None), and whether the call stays valid."""
+    if not row.out or isinstance(want, tuple) or not isinstance(want, np.ndarray):
+        return None, True
+    mode = d.choice(["none", "none", "fresh", "fortran", "alias", "overlap", "dtype",
+                     "swapped", "readonly"])
+    shape = want.shape
+    if mode == "fresh":
+        return np.full(shape, np.nan, dtype), True
+    if mode == "fortran":
+        o = np.full(shape, np.nan, dtype, order="F")
+        return o, o.flags.c_contiguous
+    if mode == "dtype":
+        return np.empty(shape, np.float32 if dtype == np.float64 else np.float64), False
+    if mode == "swapped":   # one-byte dtypes have no byte order: valid then
+        return np.empty(shape, dtype.newbyteorder("S")), dtype.itemsize == 1
+    if mode == "readonly":
+        o = np.empty(shape, dtype)
+        o.flags.writeable = False
+        return o, False
+    if mode == "alias" and row.inplace:
+        i = d.choice(row.inplace)
+        a = case.args[i] if i < len(case.args) else None
+        if not isinstance(a, np.ndarray):
+            return None, True
+        ok = (a.flags.c_contiguous and a.flags.writeable and a.dtype == dtype
+              and a.shape == shape)
+        # an input that is also the output: a broadcast operand may not be
+        # (it overlaps a larger output only partly)
+        return a, ok
+    if mode == "overlap" and isinstance(case.args[0], np.ndarray) \
+            and case.args[0].size >= 2 and case.args[0].dtype == dtype and want.size >= 1:
+        a = case.args[0]
+        base = np.empty(a.size + want.size + 1, dtype)
+        moved = base[want.size - 1: want.size - 1 + a.size].reshape(a.shape)
+        moved[...] = a
+        case.args[0] = moved
+        return base[:want.size].reshape(shape), False
+    return None, True
+
+
+def _close(got, want, scale, rtol, dtype, name):
+    python_scalar = isinstance(got, (float, int))
+    got = np.asarray(got if python_scalar else nbops.to_host(got))
+    assert got.shape == want.shape, f"{name}: shape {got.shape}, reference {want.shape}"
+    if got.dtype.kind == "f" and np.dtype(dtype).kind == "f" and not python_scalar:
+        assert got.dtype == dtype, f"{name}: result dtype {got.dtype}, input {dtype}"
+    if got.dtype.kind in "fc" and got.dtype.itemsize <= 8:
+        with np.errstate(all="ignore"):
+            w = want.astype(got.dtype).astype(np.float64)
+        g = got.astype(np.float64)
+        nan = np.isnan(w)
+        assert np.array_equal(np.isnan(g), nan), \
+            f"{name}: NaN at {np.argwhere(np.isnan(g) != nan)[:5].tolist()}"
+        inf = np.isinf(w)
+        assert np.array_equal(g[inf], w[inf]), f"{name}: infinities differ"
+        fin = ~nan & ~inf
+        s = 1.0 if scale is None else np.broadcast_to(np.abs(np.asarray(scale, np.float64)),
+                                                       w.shape)[fin]
+        err = np.abs(g[fin] - w[fin])
+        with np.errstate(all="ignore"):
+            # subnormal results carry fewer digits: an absolute floor (in the
+            # input's precision: a float sum of float32 terms is float32-exact)
+            tiny = np.finfo(dtype if np.dtype(dtype).kind == "f" else got.dtype).tiny
+            bound = rtol * (np.abs(w[fin]) + s) + 4 * tiny
+        bad = ~(err <= bound)
+        assert not bad.any(), (f"{name}: off the reference by {err[bad][:4]} "
+                               f"(bound {np.broadcast_to(bound, err.shape)[bad][:4]})")
+    else:
+        assert np.array_equal(got, want.astype(got.dtype) if got.dtype.kind != "b" else want
+                              != 0), f"{name}: differs from the reference"
+
+
+def _snapshot(case):
+    return [(a, a.copy()) for v in list(case.args) + list(case.kwargs.values())
+            for a in _arrays(v)]
+
+
+def _results(row, y, want):
+    y = row.result(y) if row.result else y
+    if isinstance(want, tuple):
+        y = tuple(row.result(v) if row.result else v for v in y)
+        assert isinstance(y, tuple) and len(y) == len(want), f"{row.name}: {len(y)} results"
+        return list(y), list(want)
+    return [y], [want]
+
+
+def _describe(value):
+    if isinstance(value, np.ndarray):
+        return (f"{value.dtype.str}{list(value.shape)} strides {value.strides}"
+                f"{'' if value.flags.writeable else ' read-only'}"
+                + (f" {value.ravel()[:6].tolist()}" if value.size else ""))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_describe(v) for v in value)
+    return repr(value) if not hasattr(value, "shape") else type(value).__name__
+
+
+def _one_case(row, data):
+    """One drawn call of ``row``'s operator, checked; a failure names the
+    call (shapes, strides, dtypes, parameters)."""
+    d = Draw(data)
+    call = {}
+    try:
+        _check_case(row, d, call)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n  call: {call}") from None
+
+
+def _check_case(row, d, call):
+    if row.bad_dtypes and d.flag(0.06):
+        dtype = d.choice(row.bad_dtypes)
+        d.valid = False
+    else:
+        dtype = np.dtype(d.choice(row.dtypes))
+    case = row.draw(d, dtype)
+    if row.layouts:
+        _vary(d, case, row)
+    fam = COUNTS[row.family]
+    fam["cases"] += 1
+    want = out = None
+    valid = d.valid
+    if valid:
+        try:
+            with np.errstate(all="ignore"):
+                want = row.ref(*case.args, **case.kwargs)
+        except ValueError:
+            # rows whose reference is NumPy's own rule (broadcasting, matmul's
+            # shapes) let it tell valid shapes from invalid ones
+            if not row.ref_decides:
+                raise
+            valid = False
+        if valid:
+            out, valid = _out(d, row, case, want, dtype)
+    kwargs = dict(case.kwargs)
+    if out is not None:
+        kwargs["out"] = out
+    call.update(args=_describe(case.args), kwargs={k: _describe(v) for k, v in kwargs.items()
+                                                    if not k.startswith("_")}, valid=valid)
+    before = _snapshot(case)
+    try:
+        with np.errstate(all="ignore"):
+            y = row.fn(*case.args, **kwargs)
+    except (TypeError, ValueError) as e:
+        head = str(e).split(":")[0]
+        assert row.name in head, f"{row.name}: error without the op's name: {e!r}"
+        assert not valid, f"{row.name}: a valid call raised {e!r}"
+        fam["errors"] += 1
+        return
+    assert valid, f"{row.name}: an invalid call returned (expected TypeError/ValueError)"
+    fam["valid"] += 1
+    fam["specials"] += d.specials
+    fam["out="] += out is not None
+    for a, copy in before:
+        if (out is not None and a is out) or any(a is w for w in _written(row, case)):
+            continue
+        assert np.array_equal(a, copy, equal_nan=a.dtype.kind in "fc"), \
+            f"{row.name}: an input was modified"
+    if out is not None:
+        assert y is out, f"{row.name}: out= given but another array returned"
+    scale = None
+    if row.scale is not None:
+        with np.errstate(all="ignore"):
+            scale = row.scale(*case.args, **case.kwargs)
+    gots, wants = _results(row, y, want)
+    scales = list(scale) if isinstance(scale, tuple) else [scale] * len(wants)
+    for g, w, s in zip(gots, wants, scales):
+        _close(g, np.asarray(w), s, row.rtol.get(np.dtype(dtype), 0) if
+               np.dtype(dtype) in row.rtol else 0, dtype, row.name)
+
+
+def _written(row, case):
+    """Arguments the op updates by design (batch_norm's running stats)."""
+    if row.name == "batch_norm" and case.kwargs.get("training") is True:
+        return [case.args[1], case.args[2]]
+    return []
+
+
+@pytest.fixture
+def fuzz_settings(request):
+    if request.config.getoption("--fuzz-long"):
+        return settings(max_examples=LONG_EXAMPLES, derandomize=False, deadline=None,
+                        database=None, suppress_health_check=list(HealthCheck))
+    return settings(max_examples=CI_EXAMPLES, derandomize=True, deadline=None,
+                    database=None, suppress_health_check=list(HealthCheck))
+
+
+@pytest.mark.parametrize("row", TABLE, ids=[f"{r.family}-{r.name}" for r in TABLE])
+def test_fuzz(row, fuzz_settings):
+    @fuzz_settings
+    @given(st.data())
+    def run(data):
+        _one_case(row, data)
+
+    run()
+
+
+def test_table_covers_every_family():
+    """The table holds a row for every public operator module."""
+    assert set(FAMILIES) == {"activations", "arith", "tensor", "linalg", "normalization",
+                             "pooling", "softmax", "attention", "conv", "quant", "sparse",
+                             "neuromorphic"}
+    names = {r.name for r in TABLE if r.family not in ("quant", "sparse", "neuromorphic")}
+    ops = {n for n in nbops.__all__ if isinstance(getattr(nbops, n), nbops.Operator)}
+    ops |= {"positional_encoding", "fold_batch_norm"}
+    assert ops <= names, f"no fuzz row for {sorted(ops - names)}"
+
+
+# ---------------------------------------------------------------------------
+# What NumPy accepts, output sizes, and the fuzz suite's findings, one by one
+
+
+def test_byte_swapped_input_converted_once():
+    x = np.linspace(-2, 2, 7).astype(">f4")
+    y = nbops.gelu(x)
+    assert y.dtype == np.float32 and y.dtype.isnative
+    np.testing.assert_array_equal(y, nbops.gelu(x.astype(np.float32)))
+    assert x.dtype.str == ">f4"      # the input is left as it came
+
+
+def test_numpy_scalars_run_as_0d_arrays():
+    y = nbops.relu(np.float32(-1))
+    assert isinstance(y, np.ndarray) and y.shape == () and y.dtype == np.float32 and y == 0
+    z = nbops.add(np.float64(1.5), np.float64(2))
+    assert z.shape == () and z.dtype == np.float64 and z == 3.5
+
+
+def test_byte_swapped_out_refused_with_the_reason():
+    x = np.ones(3, np.float32)
+    with pytest.raises(TypeError, match="relu: .*non-native byte order"):
+        nbops.relu(x, out=np.empty(3, ">f4"))
+
+
+def test_arrays_updated_in_place_refuse_byte_swapped():
+    x = np.ones((4, 2), np.float32)
+    rm, rv = np.zeros(2, ">f4"), np.ones(2, ">f4")
+    with pytest.raises(TypeError, match="batch_norm: argument 'running_mean' is updated in "
+                                        "place, which needs native byte order"):
+        nbops.batch_norm(x, rm, rv, training=True)
+    # in evaluation the statistics are only read: converted like any input
+    np.testing.assert_allclose(nbops.batch_norm(x, rm, rv), 1 / np.sqrt(1 + 1e-5), rtol=1e-6)
+
+
+@pytest.mark.parametrize("padding, what", [(10 ** 9, "more than an address can hold"),
+                                           (10 ** 6, "more than this machine's memory")])
+def test_output_size_checked_before_allocating(padding, what):
+    x = np.zeros((1, 1, 4, 4), np.float32)
+    w = np.zeros((1, 1, 3, 3), np.float32)
+    with pytest.raises(ValueError, match=f"conv2d: the output of shape .* {what}") as e:
+        nbops.conv2d(x, w, padding=padding)
+    assert isinstance(e.value, MemoryError)      # what NumPy raises for the same request
+
+
+def test_allocation_names_negative_sizes():
+    from nbops import _checks
+
+    with pytest.raises(ValueError, match="op: the arguments give an output of shape "
+                                         r"\(2, -1\), with a negative size"):
+        _checks.empty((2, -1), np.float32, "cpu", "op")
+
+
+def test_quantize_keeps_0d_shape():
+    q = nbops.quant.quantize_per_tensor(np.float32(1.0), 0.5, 0, np.int8)
+    assert q.int_repr().shape == () and q.int_repr() == 2
+
+
+def test_spike_decoders_take_byte_swapped_spikes():
+    s = np.array([[0, 1], [1, 1]], ">f8")
+    np.testing.assert_array_equal(nbops.neuromorphic.spike_count(s), [1, 2])
+    np.testing.assert_array_equal(nbops.neuromorphic.first_spike_time(s), [1, 0])
+
+
+def test_sparse_scale_errors_name_the_public_op():
+    A = nbops.sparse.from_dense(np.eye(3))
+    with pytest.raises(ValueError, match="sparse.scale_rows: 's' must be 1-D with 3 entries"):
+        nbops.sparse.scale_rows(A, np.ones(4))
+    with pytest.raises(ValueError, match="sparse.scale_columns: 's' must be 1-D with 3"):
+        nbops.sparse.scale_columns(A, np.ones(2))
+
+
+def test_dtype_arguments_numpy_cannot_read_are_refused_by_name():
+    q = nbops.quant.QTensor(np.zeros(3, np.int8), 0.1, 0)
+    with pytest.raises(TypeError, match="dequantize: argument 'dtype' must be float32"):
+        nbops.quant.dequantize(q, dtype="f4x")
+    with pytest.raises(TypeError, match="positional_encoding: argument 'dtype' must be"):
+        nbops.positional_encoding(4, 4, dtype="f4x")
