@@ -242,7 +242,14 @@ def parse(model):
         opsets[dom] = int(imp.version)
     consts = {}
     for init in g.initializer:
-        consts[init.name] = numpy_helper.to_array(init)
+        try:
+            consts[init.name] = numpy_helper.to_array(init)
+        except (KeyError, ValueError, TypeError) as exc:
+            # an unknown data_type (KeyError in onnx's map), data not matching
+            # the dims: a damaged file the checker let through
+            raise ValueError(f"nbops.onnx: initializer {init.name!r} cannot be read "
+                             f"(data_type {init.data_type}, dims {list(init.dims)}): "
+                             f"{type(exc).__name__}: {exc}") from None
     for sp in g.sparse_initializer:
         raise UnsupportedModelError(
             f"nbops.onnx: sparse initializer {sp.values.name!r} is not supported")
