@@ -386,6 +386,18 @@ def _same_pads(auto_pad, size, k, s, d):
     return (small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small)
 
 
+def _check_window(node, r, **attrs):
+    """Window attributes (kernel_shape, strides, dilations; pads: two per
+    axis, >= 0) must hold one value >= 1 per spatial axis: a damaged or
+    hand-made model can hold others, which would index or divide past them."""
+    for name, v in attrs.items():
+        v = list(v)
+        n, low = (2 * r, 0) if name == "pads" else (r, 1)
+        if len(v) != n or any(int(e) < low for e in v):
+            raise ValueError(f"nbops.onnx: node {node.name!r} op {node.op_type}: attribute "
+                             f"{name!r} must hold {n} values >= {low}, got {v}")
+
+
 def _conv_pads(attrs, spatial, ksize, strides, dils):
     """Per-axis (begin, end) pads of a Conv / pooling node for input sizes
     ``spatial``."""
@@ -415,6 +427,7 @@ def _conv_run(node, x, w, b, residual, activation, state):
     dils = a.get("dilations") or [1] * r
     group = int(a.get("group", 1))
     ksize = list(w.shape[2:])
+    _check_window(node, r, strides=strides, dilations=dils, pads=a.get("pads") or [0] * (2 * r))
     pads = _conv_pads(a, x.shape[2:], ksize, strides, dils)
     if r == 1:
         # 1-D as 2-D with a unit height
@@ -658,6 +671,8 @@ def _pool_geometry(node, x):
     ks = list(a["kernel_shape"])
     s = a.get("strides") or [1] * r
     d = a.get("dilations") or [1] * r
+    _check_window(node, r, kernel_shape=ks, strides=s, dilations=d, pads=a.get("pads") or
+                  [0] * (2 * r))
     pads = _conv_pads(a, x.shape[2:], ks, s, d)
     ceil = bool(a.get("ceil_mode", 0))
     out = []
