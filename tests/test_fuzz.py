@@ -376,9 +376,9 @@ def test_spike_decoders_take_byte_swapped_spikes():
 
 def test_sparse_scale_errors_name_the_public_op():
     A = nbops.sparse.from_dense(np.eye(3))
-    with pytest.raises(ValueError, match="sparse.scale_rows: 's' must be 1-D with 3 entries"):
+    with pytest.raises(ValueError, match="sparse.scale_rows: 'row_scale' must have 3 entries"):
         nbops.sparse.scale_rows(A, np.ones(4))
-    with pytest.raises(ValueError, match="sparse.scale_columns: 's' must be 1-D with 3"):
+    with pytest.raises(ValueError, match="sparse.scale_columns: 'col_scale' must have 3"):
         nbops.sparse.scale_columns(A, np.ones(2))
 
 

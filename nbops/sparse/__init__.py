@@ -375,24 +375,24 @@ def softmax(A):
 def scale_rows(A, s):
     """``diag(s) @ A``: row i of A times ``s[i]``; s (rows,) of A's dtype."""
     _matrix("sparse.scale_rows", "A", A)
-    _scale_vector("sparse.scale_rows", s, A.shape[0], A)
+    _scale_vector("sparse.scale_rows", "row_scale", s, A.shape[0], A)
     return A._like(scale_values(A.data, A.indices, A.indptr, A.shape, row_scale=s))
 
 
 def scale_columns(A, s):
     """``A @ diag(s)``: column j of A times ``s[j]``; s (cols,) of A's dtype."""
     _matrix("sparse.scale_columns", "A", A)
-    _scale_vector("sparse.scale_columns", s, A.shape[1], A)
+    _scale_vector("sparse.scale_columns", "col_scale", s, A.shape[1], A)
     return A._like(scale_values(A.data, A.indices, A.indptr, A.shape, col_scale=s))
 
 
-def _scale_vector(op, s, n, A):
+def _scale_vector(op, role, s, n, A):
     """The checks scale_values makes of a scale vector, under the public
     op's name (its errors named sparse.scale_values)."""
     s = _checks.array(op, "s", raw(s))
     if s.ndim != 1 or s.shape[0] != n:
-        raise ValueError(f"{op}: 's' must be 1-D with {n} entries (A is {A.shape[0]} x "
-                         f"{A.shape[1]}), got shape {tuple(s.shape)}")
+        raise ValueError(f"{op}: '{role}' must have {n} entries (argument 's', 1-D; A is "
+                         f"{A.shape[0]} x {A.shape[1]}), got shape {tuple(s.shape)}")
     _checks.same_dtype(op, **{"A.data": raw(A.data), "s": s})
 
 
