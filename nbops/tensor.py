@@ -400,7 +400,8 @@ def split(x, sizes_or_sections, axis=0):
       ``torch.chunk`` may return fewer than ``n`` pieces).
 
     The pieces are views of ``x`` (writing to them writes to ``x``); on a GPU,
-    Numba device arrays over ``x``'s memory.
+    Numba device arrays over ``x``'s memory. An ``x`` in non-native byte
+    order is converted first (one copy): the pieces are views of the copy.
 
     Parameters
     ----------
@@ -501,7 +502,8 @@ def _reshape_rule(ctx, grad):
 def reshape(x, shape):
     """``x`` with a new shape: a view when ``x``'s strides allow one (always
     for C-contiguous ``x``), otherwise a C-contiguous copy, as
-    ``torch.reshape``.
+    ``torch.reshape``; always a native copy of an ``x`` in non-native byte
+    order.
 
     Parameters
     ----------
