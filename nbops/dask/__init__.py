@@ -38,12 +38,14 @@ computation that needs it, so a weight crosses the network once per worker,
 not once per chunk.
 
 Threads: nbops' CPU kernels run on Numba's own pool (OpenMP, TBB or
-workqueue). Each task sets its Numba thread count to the process's cores
-divided by the Dask threads of that process, so one Dask thread per worker
-process (``LocalCluster(threads_per_worker=1)``, the recommended setup)
-gives nbops all the worker's cores, and ``k`` Dask threads give each task
-``cores // k``: the cores are never oversubscribed. Numba's thread count is
-per Python thread, which is why every task sets it. With the workqueue
+workqueue). Each task sets its Numba thread count to the machine's cores
+divided by the Dask threads of all the workers on that machine (asked of the
+scheduler once per worker process), at least 1: one worker process with one
+Dask thread per machine (``dask worker --nthreads 1``, the recommended setup
+for large chunks) gives nbops all the cores; ``LocalCluster(n_workers=2,
+threads_per_worker=1)`` on 2 cores gives each task 1; ``k`` threads in one
+process give each ``cores // k``. The cores are never oversubscribed. Numba's
+thread count is per Python thread, which is why every task sets it. With the workqueue
 layer, which aborts on concurrent parallel calls, more than one Dask thread
 per process is refused with an error saying what to change.
 :func:`setup` pins the threads per task instead and checks the layer on
@@ -156,7 +158,15 @@ def _map_batches(op, fn, arrays, consts, whole, out_chunks=None):
     return da.map_blocks(_tasks.call, fn, *arrays, *(_const(c) for c in consts),
                          chunks=out_chunks, dtype=probe.dtype,
                          meta=np.empty((0,) * probe.ndim, probe.dtype),
-                         name=f"nbops-{op}")
+                         token=f"nbops-{op}")
+
+
+def _token(*args):
+    """A key for a graph layer: Dask caches results by key, so two layers
+    must never share one."""
+    from dask.base import tokenize
+
+    return tokenize(*args)
 
 
 def _bind(fn, **kwargs):
@@ -206,9 +216,21 @@ def elementwise(fn, *arrays, **kwargs):
         raise TypeError("nbops.dask.elementwise: no argument is a dask.array.Array")
     fn = _bind(fn, **kwargs)
     probe = fn(*(np.empty((0,) * a.ndim, a.dtype) if _is_dask(a) else a for a in arrays))
-    return da.map_blocks(_tasks.call, fn, *arrays, dtype=probe.dtype,
-                         meta=np.empty((0,) * np.ndim(probe), probe.dtype),
-                         name="nbops-elementwise")
+    # blockwise over index letters aligned from the right (NumPy's
+    # broadcasting): Dask unifies the chunks of shared axes, and a length-1
+    # axis broadcasts against any chunking
+    ndim = max(a.ndim for a in arrays if _is_dask(a))
+    letters = "abcdefghijklmnop"[:ndim]
+    args = []
+    for a in arrays:
+        args += [a, letters[ndim - a.ndim:]] if _is_dask(a) else [a, None]
+    _, unified = da.core.unify_chunks(*args)  # blockwise alone misaligned them
+    it = iter(unified)
+    args = [next(it) if _is_dask(a) else a for a in arrays]
+    args = [v for a in args for v in (a, letters[ndim - a.ndim:] if _is_dask(a) else None)]
+    return da.blockwise(_tasks.call, letters, fn, None, *args, dtype=probe.dtype,
+                        meta=np.empty((0,) * np.ndim(probe), probe.dtype),
+                        name="nbops-elementwise-" + _token(fn, *args))
 
 
 def _elementwise_op(name):
@@ -288,7 +310,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     probe = fn(probe_x, _host_meta(weight), _host_meta(bias))  # checks at build time
     return da.map_blocks(_tasks.call, fn, xo, _const(weight), _const(bias), chunks=out_chunks,
                          dtype=probe.dtype, meta=np.empty((0,) * 4, probe.dtype),
-                         name="nbops-conv2d")
+                         token="nbops-conv2d")
 
 
 def _pool(name):
@@ -386,24 +408,30 @@ def _contract(op, fn, a, b, bias, b_axes):
     not a sum of partial products)."""
     da = _da()
     lead = "abcdefgh"[:a.ndim - 2]
-    if not _is_dask(b):
-        b = da.from_array(np.asarray(b) if not hasattr(b, "__cuda_array_interface__") else b,
-                          chunks=-1, name=False)  # one key: sent once per worker
-    if bias is not None and not _is_dask(bias):
-        bias = da.from_array(bias, chunks=(b.chunks[b_axes.index("n")],), name=False)
-    args = [a, lead + "mk", b, b_axes]
-    args += [bias, "n"] if bias is not None else [None, None]  # None: a constant argument
+    n = b.shape[b_axes.index("n")]
+    new_axes = {}
+    if _is_dask(b):  # chunks along N become the output's
+        if bias is not None and not _is_dask(bias):
+            bias = da.from_array(bias, chunks=(b.chunks[b_axes.index("n")],), name=False)
+        args = [a, lead + "mk", b, b_axes]
+        args += [bias, "n"] if bias is not None else [None, None]
+    elif len(b_axes) > 2:  # batched: each task gets its slice of b's batch
+        b = da.from_array(b, chunks=a.chunks[:-2] + (-1, -1), name=False)
+        args = [a, lead + "mk", b, b_axes, _const(bias), None]
+    else:  # one key each, fetched once per worker (NumPy or device arrays alike)
+        args = [a, lead + "mk", _const(b), None, _const(bias), None]
+        new_axes = {"n": n}
     probe_a = np.empty((0,) * (a.ndim - 2) + (0, a.shape[-1]), a.dtype)  # no rows
-    bshape = b.shape if b.ndim == 2 else (0,) * (a.ndim - 2) + b.shape[-2:]
-    probe_b = np.empty(bshape, b.dtype) if b.size < 1 << 20 else None
-    if probe_b is not None:  # arguments checked at graph build
-        probe = fn(probe_a, probe_b, None if bias is None else np.empty(bias.shape, bias.dtype))
-        dtype = probe.dtype
-    else:
-        dtype = np.result_type(a.dtype, b.dtype)
-    return da.blockwise(_tasks.call, lead + "mn", fn, None, *args, concatenate=True,
-                        dtype=dtype, meta=np.empty((0,) * a.ndim, dtype),
-                        name=f"nbops-{op}")
+    bshape = b.shape if len(b.shape) == 2 else (0,) * (a.ndim - 2) + tuple(b.shape[-2:])
+    probe = fn(probe_a, np.empty(bshape, b.dtype),  # arguments checked at graph build
+               None if bias is None else np.empty(bias.shape, bias.dtype))
+    # the K blocks reach the task as lists, joined there (a single block is
+    # passed as it is: Dask's own concatenation copies device blocks to the host)
+    b_k = b_axes.index("k") - len(b_axes) if _is_dask(b) or len(b_axes) > 2 else None
+    return da.blockwise(_tasks.contract, lead + "mn", fn, None, b_k, None, *args,
+                        new_axes=new_axes, dtype=probe.dtype,
+                        meta=np.empty((0,) * a.ndim, probe.dtype),
+                        name=f"nbops-{op}-" + _token(fn, *args))
 
 
 def linear(x, weight, bias=None):
@@ -540,7 +568,7 @@ def _quant(op, fn, q, scale, zero_point, consts, whole):
                    for ax in range(q.ndim))
     return da.map_blocks(_tasks.quantized, fn, scale, zero_point, q,
                          *(_const(c) for c in consts), chunks=chunks, dtype=probe.dtype,
-                         meta=np.empty((0,) * q.ndim, probe.dtype), name=f"nbops-{op}")
+                         meta=np.empty((0,) * q.ndim, probe.dtype), token=f"nbops-{op}")
 
 
 def quant_linear(q, scale, zero_point, w, bias=None, **kwargs):
@@ -581,8 +609,8 @@ _STATES = {"lif": ("v0",), "if_neuron": ("v0",), "synaptic": ("syn0", "v0"),
 
 def _neuron_slice(value, step, sl):
     """A per-neuron parameter or state restricted to one neuron block."""
-    if value is None or np.ndim(value) == 0 and not _is_dask(value):
-        return value
+    if not (_is_dask(value) or isinstance(value, np.ndarray) and value.ndim):
+        return value  # a number, a dtype, a name: the same for every block
     if _is_dask(value):
         return value[sl]
     return np.ascontiguousarray(np.broadcast_to(value, step)[sl])
@@ -739,8 +767,12 @@ def map_model(model, x, batch_axis=0):
         raise ValueError(f"nbops.dask.map_model: the model's output for a batch of 1 has shape "
                          f"{probe.shape}, without the batch axis {ax}")
     chunks = tuple(x.chunks[ax] if a == ax else (n,) for a, n in enumerate(probe.shape))
+    # every axis but the batch one is dropped, the output's others added:
+    # the output may have another rank ((N, C, H, W) -> (N, classes))
     return da.map_blocks(_tasks.run_model, _const(model), x, chunks=chunks, dtype=probe.dtype,
-                         meta=np.empty((0,) * probe.ndim, probe.dtype), name="nbops-model")
+                         drop_axis=[a for a in range(x.ndim) if a != ax],
+                         new_axis=[a for a in range(probe.ndim) if a != ax],
+                         meta=np.empty((0,) * probe.ndim, probe.dtype), token="nbops-model")
 
 
 # ---------------------------------------------------------------------------

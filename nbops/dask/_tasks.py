@@ -59,9 +59,31 @@ def check_layer(dask_threads, where):
             "process (LocalCluster(threads_per_worker=1) / dask worker --nthreads 1)")
 
 
+_HOST_THREADS = {}
+
+
+def _host_threads(worker):
+    """Dask threads of every worker on this worker's host (LocalCluster runs
+    several worker processes on one machine: they share its cores). Asked of
+    the scheduler once per process; this worker's own threads if that
+    fails."""
+    if worker.address not in _HOST_THREADS:
+        n = worker.state.nthreads
+        try:
+            from distributed import get_client
+
+            info = get_client().scheduler_info(n_workers=-1)["workers"]
+            host = info[worker.address]["host"]
+            n = sum(w["nthreads"] for w in info.values() if w["host"] == host)
+        except Exception:  # noqa: BLE001  (an older scheduler, a lost connection)
+            pass
+        _HOST_THREADS[worker.address] = max(n, worker.state.nthreads)
+    return _HOST_THREADS[worker.address]
+
+
 def _dask_threads():
-    """``(concurrent Dask threads in this process, where)``, or None in the
-    main thread outside a worker (synchronous scheduler: nbops keeps its
+    """``(Dask threads sharing this machine's cores, where)``, or None in
+    the main thread outside a worker (synchronous scheduler: nbops keeps its
     setting)."""
     try:
         from distributed import get_worker
@@ -70,7 +92,8 @@ def _dask_threads():
     except (ImportError, ValueError):
         w = None
     if w is not None:
-        return w.state.nthreads, f"worker {w.address}"
+        check_layer(w.state.nthreads, f"worker {w.address}")
+        return _host_threads(w), None
     if threading.current_thread() is threading.main_thread():
         return None
     import dask
@@ -86,7 +109,8 @@ def configure():
     if found is None:
         return
     n, where = found
-    check_layer(n, where)
+    if where is not None:
+        check_layer(n, where)
     import numba
 
     numba.set_num_threads(threads_per_task(n))
@@ -96,6 +120,20 @@ def call(fn, *args):
     """The task of every blockwise op: ``fn(*blocks_and_constants)``."""
     configure()
     return fn(*args)
+
+
+def _join(blocks, axis):
+    """Blocks of a contracted axis, as Dask hands them (a list), in one."""
+    if not isinstance(blocks, list):
+        return blocks
+    return blocks[0] if len(blocks) == 1 else np.concatenate(blocks, axis)
+
+
+def contract(fn, b_axis, a, b, bias):
+    """A blockwise contraction: ``fn(a, b, bias)`` with a's K blocks (and
+    b's, along ``b_axis``) joined, so one nbops kernel sums all of K."""
+    configure()
+    return fn(_join(a, -1), b if b_axis is None else _join(b, b_axis), bias)
 
 
 def quantized(fn, scale, zero_point, block, *args):
