@@ -191,6 +191,7 @@ def positional_encoding(max_len, d_model, dtype=np.float32):
         dtype = repr(dtype)      # not a dtype at all: refused below by name
     if dtype not in _checks.FLOAT_DTYPES:
         raise TypeError(f"{op}: argument 'dtype' must be float32 or float64, got {dtype}")
+    _checks.allocation(op, (max_len, d_model), np.float64)
     pos = np.arange(max_len, dtype=np.float64)[:, None]
     i2 = np.arange(0, d_model, 2, dtype=np.float64)
     angle = pos / np.power(10000.0, i2 / d_model)

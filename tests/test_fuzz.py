@@ -390,3 +390,12 @@ def test_dtype_arguments_numpy_cannot_read_are_refused_by_name():
         nbops.quant.dequantize(q, dtype="f4x")
     with pytest.raises(TypeError, match="positional_encoding: argument 'dtype' must be"):
         nbops.positional_encoding(4, 4, dtype="f4x")
+
+
+@pytest.mark.parametrize("call, op", [
+    (lambda: nbops.positional_encoding(10 ** 10, 10 ** 6), "positional_encoding"),
+    (lambda: nbops.neuromorphic.rate(np.ones(4), 10 ** 13), "rate"),
+])
+def test_sizes_set_by_parameters_checked_by_name(call, op):
+    with pytest.raises(ValueError, match=f"{op}: the output of shape .* takes"):
+        call()

@@ -74,7 +74,7 @@ def _encode(op, kernel, x, num_steps, dtype, args):
     t = _steps(op, num_steps)
     d = _storage(op, dtype)
     dev = _dispatch.resolve_device(op, x=x)
-    out = _checks.empty((t,) + tuple(x.shape), d, dev)
+    out = _checks.empty((t,) + tuple(x.shape), d, dev, op)
     # the kernels compute in float64 anyway: one compiled CPU kernel per output dtype
     _dispatch.kernel(kernel, dev)(_flat(x, np.float64), *args,
                                   out.reshape(t, -1) if x.size else out)

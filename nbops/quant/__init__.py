@@ -432,7 +432,7 @@ def max_pool2d(q, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
         raise ValueError(f"{op}: the window ({kh}x{kw}, dilation {dh}x{dw}) does not fit "
                          f"the padded input {h}x{w}")
     values = _contiguous(op, "q", q.values, q.device)
-    out = _checks.empty((n, c, oh, ow), q.dtype, q.device)
+    out = _checks.empty((n, c, oh, ow), q.dtype, q.device, op)
     _dispatch.kernel("quant.max_pool2d", q.device)(values, out, kh, kw, sh, sw, ph, pw, dh, dw)
     return q._with_values(out)
 
@@ -496,7 +496,7 @@ def adaptive_avg_pool2d(q, output_size, scale=None, zero_point=None, requant="fi
     fscale = q.scale / (so * counts.astype(np.float64))
     mult, shift = _multipliers(fscale)
     values = _contiguous(op, "q", q.values, q.device)
-    out = _checks.empty((n, c, oh, ow), q.dtype, q.device)
+    out = _checks.empty((n, c, oh, ow), q.dtype, q.device, op)
     _dispatch.kernel("quant.adaptive_avg_pool2d", q.device)(
         values, out, q.zero_point, zo, qmin, qmax, mult, shift, fscale, requant == "fixed")
     return QTensor(out, so, zo)
