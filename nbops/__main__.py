@@ -59,6 +59,18 @@ def _bench(args):
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
         print(f"\nwrote {args.json}")
+    if args.plot:
+        try:
+            from .bench.plot import plot_results
+
+            print(f"wrote {plot_results(results, args.plot)}")
+        except ImportError:
+            print('bench --plot: matplotlib is not installed (pip install "nbops[demo]")',
+                  file=sys.stderr)
+            return 2
+        except ValueError as exc:
+            print(f"nbops {exc}", file=sys.stderr)
+            return 2
     errors = [r for r in results if r.note.startswith("error")]
     return 1 if errors else 0
 
@@ -127,6 +139,8 @@ def build_parser():
     b.add_argument("--pause", type=float, default=0.05,
                    help="seconds of sleep before each timed block (default 0.05)")
     b.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    b.add_argument("--plot", metavar="FILE.png",
+                   help="also draw the speed-ups (and fractions of copy bandwidth) as bars")
     b.add_argument("--list", action="store_true", help="list the cases and exit")
     b.set_defaults(func=_bench)
 

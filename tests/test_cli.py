@@ -100,3 +100,21 @@ def test_selftest_quick_passes_on_every_device():
 def test_no_command_is_a_usage_error():
     rc, out, err = nbops_cli()
     assert rc == 2 and "usage" in err
+
+
+def test_bench_plot_writes_a_png(tmp_path):
+    path = tmp_path / "bench.png"
+    rc, out, err = nbops_cli("bench", "--op", "relu", "--size", "4096", "--rounds", "1",
+                             "--pause", "0", "--plot", str(path))
+    assert rc == 0, out + err
+    assert f"wrote {path}" in out
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_plot_refuses_results_without_timings(tmp_path):
+    from nbops.bench.harness import Result
+    from nbops.bench.plot import plot_results
+
+    with pytest.raises(ValueError, match="no case was timed"):
+        plot_results([Result("relu", "activations", 4096, "float32", note="error")],
+                     tmp_path / "x.png")
