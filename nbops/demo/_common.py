@@ -33,6 +33,9 @@ class Config:
     #: at most this many training and test images each (0: all); the CUDA
     #: simulator runs one OS thread per CUDA thread and needs tiny inputs
     limit: int = 0
+    #: the smallest settings (8 images, one epoch, layers a few units wide):
+    #: the code path alone, for tests and the CUDA simulator
+    smoke: bool = False
 
     def __post_init__(self):
         # The documented default GEMM configs unless the user asks for tuning:
@@ -41,8 +44,13 @@ class Config:
         os.environ.setdefault("NBOPS_AUTOTUNE", "0")
 
     def epochs(self, full, quick):
-        """Epochs of a task: ``quick`` under ``--quick``, else ``full``."""
-        return quick if self.quick else full
+        """Epochs of a task: ``quick`` under ``--quick``, else ``full``
+        (one under ``--smoke``)."""
+        return 1 if self.smoke else quick if self.quick else full
+
+    def size(self, full, smoke):
+        """A layer width, step count...: ``smoke`` under ``--smoke``."""
+        return smoke if self.smoke else full
 
     def say(self, text):
         """Print a line unless ``--quiet``."""
@@ -62,7 +70,10 @@ def add_options(parser, tasks=None):
     parser.add_argument("--no-plots", dest="plots", action="store_false",
                         help="do not write plots")
     parser.add_argument("--limit", type=int, default=0, metavar="N",
-                        help="use at most N training and N test images (smoke tests)")
+                        help="use at most N training and N test images")
+    parser.add_argument("--smoke", action="store_true",
+                        help="smallest settings (8 images, 1 epoch, narrow layers): checks "
+                             "the code path, e.g. in the CUDA simulator")
     if tasks:
         parser.add_argument("--only", nargs="+", action="extend", choices=tasks,
                             metavar="TASK", help=f"run only these tasks ({', '.join(tasks)})")
@@ -102,8 +113,9 @@ def load_digits(cfg):
     x = (d.images / 16.0).astype(np.float32)
     xtr, xte, ytr, yte = train_test_split(x, d.target.astype(np.int64), test_size=0.25,
                                           random_state=cfg.seed, stratify=d.target)
-    if cfg.limit:
-        xtr, ytr, xte, yte = xtr[:cfg.limit], ytr[:cfg.limit], xte[:cfg.limit], yte[:cfg.limit]
+    limit = cfg.limit or (8 if cfg.smoke else 0)
+    if limit:
+        xtr, ytr, xte, yte = xtr[:limit], ytr[:limit], xte[:limit], yte[:limit]
     return Digits(np.ascontiguousarray(xtr), ytr, np.ascontiguousarray(xte), yte)
 
 

@@ -31,12 +31,13 @@ EPOCHS = (10, 3)
 BATCH = 64
 
 
-def build_model(rng):
-    """Two conv-bn-relu-pool stages and a linear classifier: 8x8 -> 4x4 -> 2x2."""
+def build_model(rng, c1=16, c2=32):
+    """Two conv-bn-relu-pool stages (``c1``, ``c2`` channels) and a linear
+    classifier: 8x8 -> 4x4 -> 2x2."""
     return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1, rng=rng), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1, rng=rng), nn.BatchNorm2d(32), nn.ReLU(),
-        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 2 * 2, 10, rng=rng))
+        nn.Conv2d(1, c1, 3, padding=1, rng=rng), nn.BatchNorm2d(c1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(c1, c2, 3, padding=1, rng=rng), nn.BatchNorm2d(c2), nn.ReLU(),
+        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(c2 * 2 * 2, 10, rng=rng))
 
 
 def numpy_forward(fused, x):
@@ -126,7 +127,7 @@ def run(cfg, data=None):
     x_test = ((data.x_test - mean) / std)[:, None].astype(np.float32)
     xt_dev = C.move(cfg, x_test)
 
-    model = build_model(rng)
+    model = build_model(rng, cfg.size(16, 2), cfg.size(32, 2))
     model.to(cfg.device)
     opt = nbops.optim.Adam(model.parameters(), lr=3e-3)
 
@@ -152,7 +153,8 @@ def run(cfg, data=None):
     compile_s = clock.seconds
 
     # --- fold and fuse for inference -------------------------------------------
-    fused = nn.fuse_modules(copy.deepcopy(model))
+    # to() after the copy: a deep copy of device arrays need not stay on the device
+    fused = nn.fuse_modules(copy.deepcopy(model)).to(cfg.device)
 
     def infer(m):
         def f(xb):
@@ -185,7 +187,7 @@ def run(cfg, data=None):
     cfg.say(f"  fused: {same}/{len(reference)} predictions identical to the unfused model")
 
     # --- int8 static quantization (CPU kernels), calibrated on training images --
-    # the CPU copies first: a deep copy of device arrays need not stay on the device
+    # int8 and ONNX run on the CPU (quant.convert's default device)
     model.to("cpu")
     fused.to("cpu")
     host_model = copy.deepcopy(model)

@@ -31,11 +31,11 @@ HIDDEN = 128
 class SpikingNet(nn.Module):
     """Linear -> LIF -> Linear -> LIF over time-major ``[T, B, 64]`` spikes."""
 
-    def __init__(self, rng):
+    def __init__(self, rng, hidden=HIDDEN):
         super().__init__()
-        self.fc1 = nn.Linear(64, HIDDEN, rng=rng)
+        self.fc1 = nn.Linear(64, hidden, rng=rng)
         self.lif1 = nn.LIF(beta=0.9)
-        self.fc2 = nn.Linear(HIDDEN, 10, rng=rng)
+        self.fc2 = nn.Linear(hidden, 10, rng=rng)
         self.lif2 = nn.LIF(beta=0.9)
 
     def forward(self, spikes, hidden=False):
@@ -45,10 +45,10 @@ class SpikingNet(nn.Module):
 
 
 def encode(cfg, images, seed):
-    """Rate-coded float32 spikes ``[STEPS, n, 64]`` of ``images`` (n, 8, 8),
+    """Rate-coded float32 spikes ``[steps, n, 64]`` of ``images`` (n, 8, 8),
     on the run's device (the encoder runs there)."""
     x = C.move(cfg, np.ascontiguousarray(images.reshape(len(images), -1)))
-    return neuromorphic.rate(x, STEPS, seed=seed, dtype=np.float32)
+    return neuromorphic.rate(x, cfg.size(STEPS, 2), seed=seed, dtype=np.float32)
 
 
 def spike_counts(out):
@@ -61,7 +61,8 @@ def run(cfg, data=None):
     with one image's hidden and output spikes in extras."""
     data = data or C.load_digits(cfg)
     rng = np.random.default_rng(cfg.seed)
-    model = SpikingNet(rng).to(cfg.device)
+    hidden_size = cfg.size(HIDDEN, 2)
+    model = SpikingNet(rng, hidden_size).to(cfg.device)
     opt = nbops.optim.Adam(model.parameters(), lr=2e-3)
     x_test = encode(cfg, data.x_test, seed=cfg.seed + 1)   # one fixed coding of the test set
     epoch = [0]
@@ -98,10 +99,11 @@ def run(cfg, data=None):
 
     result = C.Result("snn", acc, train_s, C.latency(infer, data.x_test[:1]),
                       C.latency(infer, data.x_test[:256]), cfg.device, clock.seconds,
-                      f"{per_image:.0f} spikes per inference ({STEPS} steps, "
-                      f"{HIDDEN}+10 neurons), encoding in latency")
+                      f"{per_image:.0f} spikes per inference ({len(out)} steps, "
+                      f"{hidden_size}+10 neurons), encoding in latency")
     raster = np.concatenate([hidden[:, 0], out[:, 0]], axis=1)   # (T, HIDDEN + 10)
-    return [result], history, {"raster": raster, "label": int(data.y_test[0])}
+    return [result], history, {"raster": raster, "label": int(data.y_test[0]),
+                               "hidden": hidden_size}
 
 
 def main(argv=None):
@@ -114,5 +116,5 @@ def main(argv=None):
 
 def raster_title(extras):
     """The raster's title: which image, which neurons."""
-    return (f"spikes of one test image (a {extras['label']}): hidden 0-{HIDDEN - 1}, "
-            f"output {HIDDEN}-{HIDDEN + 9}")
+    h = extras["hidden"]
+    return f"spikes of one test image (a {extras['label']}): hidden 0-{h - 1}, output {h}-{h + 9}"

@@ -29,15 +29,15 @@ D_MODEL = 32
 class RowTransformer(nn.Module):
     """Row tokens -> one encoder layer -> a linear classifier."""
 
-    def __init__(self, rng):
+    def __init__(self, rng, d_model=D_MODEL, nhead=4):
         super().__init__()
-        self.embed = nn.Linear(8, D_MODEL, rng=rng)
-        self.encoder = nn.TransformerEncoderLayer(D_MODEL, 4, dim_feedforward=64,
+        self.embed = nn.Linear(8, d_model, rng=rng)
+        self.encoder = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward=2 * d_model,
                                                   activation="gelu", rng=rng)
         self.flatten = nn.Flatten()
-        self.head = nn.Linear(8 * D_MODEL, 10, rng=rng)
+        self.head = nn.Linear(8 * d_model, 10, rng=rng)
         # a buffer, so that to() moves it; derived from the sizes, so not saved
-        self.register_buffer("pe", nbops.positional_encoding(8, D_MODEL), persistent=False)
+        self.register_buffer("pe", nbops.positional_encoding(8, d_model), persistent=False)
 
     def forward(self, rows):
         return self.head(self.flatten(self.encoder(nbops.add(self.embed(rows), self.pe))))
@@ -47,7 +47,8 @@ def run(cfg, data=None):
     """Train the Transformer; returns ``(results, history, {})``."""
     data = data or C.load_digits(cfg)
     rng = np.random.default_rng(cfg.seed)
-    model = RowTransformer(rng).to(cfg.device)
+    d_model, nhead = cfg.size(D_MODEL, 2), cfg.size(4, 1)
+    model = RowTransformer(rng, d_model, nhead).to(cfg.device)
     opt = nbops.optim.Adam(model.parameters(), lr=2e-3)
     x_test = C.move(cfg, data.x_test)
 
@@ -72,7 +73,7 @@ def run(cfg, data=None):
     params = sum(p.data.size for p in model.parameters())
     result = C.Result("transformer", evaluate(), train_s, C.latency(infer, data.x_test[:1]),
                       C.latency(infer, data.x_test[:256]), cfg.device, clock.seconds,
-                      f"8 row tokens, d_model {D_MODEL}, 4 heads, {params} parameters")
+                      f"8 row tokens, d_model {d_model}, {nhead} heads, {params} parameters")
     return [result], history, {}
 
 
