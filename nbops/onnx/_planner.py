@@ -331,18 +331,22 @@ def run_node(node, args):
         res = node.spec.run(node, *args, state=node.state)
     else:
         res = node.spec.run(node, *args)
-    return res if isinstance(res, tuple) else (res,)
+    res = res if isinstance(res, tuple) else (res,)
+    # NumPy reductions and takes of 0-d results give scalars: arrays here
+    return tuple(np.asarray(r) if isinstance(r, np.generic) else r for r in res)
 
 
 def _eliminate_identity(graph):
     log, keep = [], []
+    counts = graph.use_count()
     for n in graph.nodes:
         passthrough = n.op_type == "Identity" and n.domain == ""
         if n.op_type == "Dropout" and n.domain == "":
             mode = n.inputs[2] if len(n.inputs) > 2 and n.inputs[2] else None
             training = mode is not None and not (mode in graph.consts
                                                  and not bool(graph.consts[mode]))
-            mask_used = len(n.outputs) > 1 and n.outputs[1]
+            mask = n.outputs[1] if len(n.outputs) > 1 else ""
+            mask_used = bool(mask) and (counts.get(mask, 0) > 0 or graph.is_output(mask))
             passthrough = not training and not mask_used
         if passthrough and n.inputs and n.inputs[0]:
             graph.rename_uses(n.outputs[0], n.inputs[0])
@@ -586,7 +590,8 @@ def _fuse_residual(graph):
     producer = {o: n for n in graph.nodes for o in n.outputs}
     replace, drop = {}, set()
     for add in graph.nodes:
-        if add.op_type != "Add" or add.domain != "" or len(add.inputs) != 2:
+        # Sum of two is an Add (Caffe2-converted ResNets write it so)
+        if add.op_type not in ("Add", "Sum") or add.domain != "" or len(add.inputs) != 2:
             continue
         for side in (0, 1):
             conv = producer.get(add.inputs[side])
@@ -601,7 +606,7 @@ def _fuse_residual(graph):
                               (conv.inputs + ["", ""])[:3] + [other], add.outputs,
                               dict(conv.attrs), fused=conv.fused + add.fused,
                               input_dtypes=(conv.input_dtypes + [None, None])[:3] + [None])
-            desc = f"Add {add.name!r} into FusedConv {conv.name!r} (residual=)"
+            desc = f"{add.op_type} {add.name!r} into FusedConv {conv.name!r} (residual=)"
             nxt = _only_reader(graph, add.outputs[0], counts, consumers)
             if nxt is not None and nxt.op_type == "Relu" and nxt.domain == "":
                 fused.attrs["activation"] = "relu"

@@ -1,0 +1,322 @@
+"""nbops.onnx.InferenceSession: the planner's rewrites against unfused
+references, onnxruntime's surface, dynamic shapes, bad input, a CUDA session
+(simulator) and a random-weight twin of a light model against onnxruntime.
+
+Small graphs built with onnx.helper, random weights (seeded); the reference
+is onnxruntime where installed, else the same graph with the planner's
+passes turned off.
+"""
+
+import glob
+import os
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import nbops  # noqa: E402
+from nbops.onnx import InferenceSession, UnsupportedModelError  # noqa: E402
+from nbops.onnx import _planner  # noqa: E402
+from nbops.onnx._twins import random_weight_twin  # noqa: E402
+
+try:
+    import onnxruntime as ort
+except ImportError:  # the peers extra
+    ort = None
+
+RNG = np.random.default_rng(7)
+F = TensorProto.FLOAT
+
+
+def _w(*shape, scale=0.3):
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def _model(nodes, inputs, outputs, inits, opset=17):
+    g = helper.make_graph(nodes, "g", inputs, outputs,
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)],
+                          producer_name="nbops-tests")
+    m.ir_version = 8
+    return m
+
+
+def _resnet_block(batch="N"):
+    """Conv-BN-Relu, Conv-BN, + shortcut, Relu, maxpool, GAP, Gemm, Relu, Softmax."""
+    c = 8
+    inits = {"w1": _w(c, 4, 3, 3), "b1": _w(c), "w2": _w(c, c, 3, 3), "ws": _w(c, 4, 1, 1),
+             "g": np.abs(_w(c)) + 0.5, "be": _w(c), "mu": _w(c), "var": np.abs(_w(c)) + 0.5,
+             "fw": _w(5, c), "fb": _w(5)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("BatchNormalization", ["c1", "g", "be", "mu", "var"], ["n1"],
+                         name="bn1"),
+        helper.make_node("Relu", ["n1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+        helper.make_node("Conv", ["x", "ws"], ["sc"], name="short"),
+        helper.make_node("Add", ["c2", "sc"], ["s"], name="add"),
+        helper.make_node("Relu", ["s"], ["r2"], name="relu2"),
+        helper.make_node("MaxPool", ["r2"], ["p"], kernel_shape=[2, 2], strides=[2, 2],
+                         name="pool"),
+        helper.make_node("GlobalAveragePool", ["p"], ["gp"], name="gap"),
+        helper.make_node("Flatten", ["gp"], ["f"], name="flat"),
+        helper.make_node("Dropout", ["f"], ["d"], name="drop"),
+        helper.make_node("Gemm", ["d", "fw", "fb"], ["fc"], transB=1, name="fc"),
+        helper.make_node("Relu", ["fc"], ["fr"], name="relu3"),
+        helper.make_node("Softmax", ["fr"], ["y"], axis=1, name="softmax"),
+    ]
+    x = helper.make_tensor_value_info("x", F, [batch, 4, "H", "W"])
+    y = helper.make_tensor_value_info("y", F, [batch, 5])
+    return _model(nodes, [x], [y], inits)
+
+
+def _unplanned(model, feeds):
+    """The model run with no rewriting pass: the reference of the fusions."""
+    saved = list(_planner.PASSES)
+    try:
+        _planner.PASSES[:] = [p for p in saved if p[1] == "fold"]
+        return InferenceSession(model).run(None, feeds)
+    finally:
+        _planner.PASSES[:] = saved
+
+
+def _reference(model, feeds):
+    if ort is not None:
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        return ort.InferenceSession(model.SerializeToString(), so,
+                                    providers=["CPUExecutionProvider"]).run(None, feeds)
+    return _unplanned(model, feeds)
+
+
+def test_fusions_match_the_reference_and_are_in_the_plan():
+    m = _resnet_block()
+    sess = InferenceSession(m)
+    text = str(sess.plan)
+    assert "BatchNormalization 'bn1' folded into Conv 'conv1'" in text
+    assert "Conv 'conv1' + Relu 'relu1' -> FusedConv" in text
+    assert "Add 'add' into FusedConv" in text and "+ Relu 'relu2'" in text
+    assert "Gemm 'fc' + Relu 'relu3' -> FusedLinear" in text
+    assert "Dropout 'drop' removed" in text
+    assert sess.plan.nodes_before == 14 and sess.plan.nodes_after == 8
+    x = RNG.standard_normal((2, 4, 9, 10)).astype(np.float32)
+    (y,) = sess.run(None, {"x": x})
+    (ref,) = _reference(m, {"x": x})
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-6)
+    (unfused,) = _unplanned(m, {"x": x})
+    np.testing.assert_allclose(y, unfused, rtol=1e-4, atol=1e-6)
+
+
+def test_surface_and_dynamic_shapes():
+    m = _resnet_block()
+    sess = InferenceSession(m, threads=1)
+    (i,), (o,) = sess.get_inputs(), sess.get_outputs()
+    assert (i.name, i.shape, i.type) == ("x", ["N", 4, "H", "W"], "tensor(float)")
+    assert (o.name, o.shape, o.type) == ("y", ["N", 5], "tensor(float)")
+    assert sess.get_modelmeta().producer_name == "nbops-tests"
+    for shape in [(1, 4, 8, 8), (3, 4, 6, 12), (1, 4, 8, 8)]:
+        x = RNG.standard_normal(shape).astype(np.float32)
+        (y,) = sess.run(["y"], {"x": x})
+        assert y.shape == (shape[0], 5)
+        np.testing.assert_allclose(y, _unplanned(m, {"x": x})[0], rtol=1e-4, atol=1e-6)
+    assert len(sess._plans) == 2  # one plan per input-shape set, cached
+    assert sess.peak_memory > 0
+
+
+def test_shape_arithmetic_folds_per_input_shape():
+    # Reshape(x, Concat(Shape(x)[0:1], [-1])): the target is folded for each
+    # input shape, so no Shape node runs
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Unsqueeze", ["n", "ax"], ["n1"]),
+        helper.make_node("Concat", ["n1", "minus1"], ["tgt"], axis=0),
+        helper.make_node("Reshape", ["x", "tgt"], ["y"]),
+    ]
+    inits = {"zero": np.array(0, np.int64), "ax": np.array([0], np.int64),
+             "minus1": np.array([-1], np.int64)}
+    m = _model(nodes, [helper.make_tensor_value_info("x", F, ["N", 3, 4])],
+               [helper.make_tensor_value_info("y", F, [None, None])], inits)
+    sess = InferenceSession(m)
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    (y,) = sess.run(None, {"x": x})
+    np.testing.assert_array_equal(y, x.reshape(2, -1))
+    plan = next(iter(sess._plans.values()))
+    assert [n.op_type for n in plan.steps] == ["Reshape"]
+
+
+def test_layer_norm_and_gelu_subgraphs_are_recognised():
+    d = 16
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["mu"], axes=[-1]),
+        helper.make_node("Sub", ["x", "mu"], ["xc"]),
+        helper.make_node("Pow", ["xc", "two"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1]),
+        helper.make_node("Add", ["var", "eps"], ["ve"]),
+        helper.make_node("Sqrt", ["ve"], ["sd"]),
+        helper.make_node("Div", ["xc", "sd"], ["xn"]),
+        helper.make_node("Mul", ["xn", "gamma"], ["xs"]),
+        helper.make_node("Add", ["xs", "beta"], ["ln"]),
+        helper.make_node("MatMul", ["ln", "w"], ["h"]),
+        helper.make_node("Div", ["h", "sqrt2"], ["hd"]),
+        helper.make_node("Erf", ["hd"], ["he"]),
+        helper.make_node("Add", ["he", "one"], ["h1"]),
+        helper.make_node("Mul", ["h", "h1"], ["h2"]),
+        helper.make_node("Mul", ["h2", "half"], ["y"]),
+    ]
+    inits = {"two": np.array(2.0, np.float32), "eps": np.array(1e-5, np.float32),
+             "gamma": _w(d) + 1, "beta": _w(d), "w": _w(d, 24),
+             "sqrt2": np.array(np.sqrt(2.0), np.float32), "one": np.array(1.0, np.float32),
+             "half": np.array(0.5, np.float32)}
+    m = _model(nodes, [helper.make_tensor_value_info("x", F, [2, 5, d])],
+               [helper.make_tensor_value_info("y", F, [2, 5, 24])], inits, opset=13)
+    sess = InferenceSession(m)
+    text = str(sess.plan)
+    assert "-> LayerNorm" in text and "-> Gelu" in text
+    assert [n.op_type for n in sess.plan.nodes] == ["LayerNorm", "FusedLinear"]
+    x = RNG.standard_normal((2, 5, d)).astype(np.float32)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], _reference(m, {"x": x})[0],
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_register_pass_runs_an_added_pass():
+    seen = []
+
+    def spy(graph):
+        seen.append(len(graph.nodes))
+        return ["spy looked"]
+
+    _planner.register_pass(spy, order=45)
+    try:
+        sess = InferenceSession(_resnet_block())
+    finally:
+        _planner.PASSES[:] = [p for p in _planner.PASSES if p[1] != "spy"]
+    assert seen and ("spy", "spy looked") in sess.plan.rewrites
+
+
+def test_buffers_are_released_after_their_last_reader():
+    # a chain of 6 Relus over 1 MiB: at most two intermediates live at once
+    n = 6
+    nodes = [helper.make_node("Sigmoid", ["x" if i == 0 else f"t{i}"], [f"t{i + 1}"])
+             for i in range(n)]
+    m = _model(nodes, [helper.make_tensor_value_info("x", F, [256, 1024])],
+               [helper.make_tensor_value_info(f"t{n}", F, [256, 1024])], {})
+    sess = InferenceSession(m)
+    sess.run(None, {"x": np.zeros((256, 1024), np.float32)})
+    assert sess.peak_memory <= 2 * 256 * 1024 * 4
+
+
+# ---------------------------------------------------------------------------
+# Bad input: clear errors before any kernel runs
+
+
+def test_bad_files(tmp_path):
+    good = _resnet_block().SerializeToString()
+    trunc = tmp_path / "trunc.onnx"
+    trunc.write_bytes(good[: len(good) // 3])
+    with pytest.raises(ValueError, match="malformed or truncated"):
+        InferenceSession(str(trunc))
+    with pytest.raises(ValueError, match="cannot parse"):
+        InferenceSession(b"\xff\xfe not a protobuf \x00\x01")
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match="is empty"):
+        InferenceSession(str(empty))
+    with pytest.raises(FileNotFoundError):
+        InferenceSession(str(tmp_path / "missing.onnx"))
+    with pytest.raises(ValueError, match="device"):
+        InferenceSession(good, device="tpu")
+
+
+def test_unknown_domain_and_unsupported_op_named_at_load():
+    node = helper.make_node("FancyOp", ["x"], ["y"], domain="com.example", name="fancy")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", F, [2])],
+                          [helper.make_tensor_value_info("y", F, [2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("com.example", 1)])
+    with pytest.raises(UnsupportedModelError, match="'fancy'.*FancyOp.*com.example"):
+        InferenceSession(m)
+    node = helper.make_node("NonZero", ["x"], ["y"], name="nz")
+    m = _model([node], [helper.make_tensor_value_info("x", F, [2])],
+               [helper.make_tensor_value_info("y", TensorProto.INT64, [1, None])], {})
+    with pytest.raises(UnsupportedModelError, match="node 'nz' op NonZero at opset 17"):
+        InferenceSession(m)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], name="c3d")
+    m = _model([node], [helper.make_tensor_value_info("x", F, [1, 1, 3, 3, 3])],
+               [helper.make_tensor_value_info("y", F, [None] * 5)], {"w": _w(1, 1, 2, 2, 2)})
+    with pytest.raises(UnsupportedModelError, match="node 'c3d' op Conv at opset 17"):
+        InferenceSession(m)
+    node = helper.make_node("Relu", ["x"], ["y"], name="r16")
+    m = _model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2])], {})
+    node = helper.make_node("Softmax", ["x"], ["y"], name="sm16")
+    m = _model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2])], {})
+    with pytest.raises(UnsupportedModelError, match="'sm16'.*float16"):
+        InferenceSession(m)
+
+
+def test_bad_feeds_and_output_names():
+    sess = InferenceSession(_resnet_block())
+    x = np.zeros((1, 4, 8, 8), np.float32)
+    cases = [
+        ({}, ValueError, "missing input 'x'"),
+        ({"x": x, "z": x}, ValueError, "unknown input name 'z'"),
+        ({"x": x.astype(np.float64)}, TypeError, "must be tensor\\(float\\)"),
+        ({"x": x[0]}, ValueError, "must have rank 4"),
+        ({"x": np.zeros((1, 3, 8, 8), np.float32)}, ValueError, "dimension 1 must be 4"),
+        ({"x": "abc"}, TypeError, "must be a NumPy array"),
+    ]
+    for feeds, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            sess.run(None, feeds)
+    with pytest.raises(ValueError, match="unknown output name 'nope'"):
+        sess.run(["nope"], {"x": x})
+    assert sess._plans == {}  # nothing was planned or run
+
+
+# ---------------------------------------------------------------------------
+# Devices, real weights
+
+
+def test_cuda_session_matches_cpu():
+    if not nbops.cuda_available():
+        pytest.fail("CUDA (or its simulator) must be available")
+    c = 2
+    inits = {"w": _w(c, 2, 3, 3), "b": _w(c), "fw": _w(3, c * 4 * 4)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Add", ["r", "x"], ["s"]),
+        helper.make_node("Flatten", ["s"], ["f"]),
+        helper.make_node("MatMul", ["f", "fw"], ["y"]),
+    ]
+    inits["fw"] = _w(c * 4 * 4, 3)
+    m = _model(nodes, [helper.make_tensor_value_info("x", F, [1, 2, 4, 4])],
+               [helper.make_tensor_value_info("y", F, [1, 3])], inits)
+    x = RNG.standard_normal((1, 2, 4, 4)).astype(np.float32)
+    (y_cpu,) = InferenceSession(m).run(None, {"x": x})
+    (y_dev,) = InferenceSession(m, device="cuda").run(None, {"x": x})
+    assert isinstance(y_dev, np.ndarray)
+    np.testing.assert_allclose(y_dev, y_cpu, rtol=1e-4, atol=1e-5)
+
+
+def _light(name):
+    found = glob.glob(os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data",
+                                   "light", f"light_{name}.onnx"))
+    assert found, f"light_{name}.onnx ships in the onnx wheel"
+    return onnx.load(found[0])
+
+
+@pytest.mark.skipif(ort is None, reason="onnxruntime (the peers extra) is not installed")
+def test_random_weight_twin_of_a_light_model_matches_onnxruntime():
+    twin = random_weight_twin(_light("squeezenet"), seed=3)
+    sess = InferenceSession(twin)
+    x = RNG.standard_normal((1, 3, 224, 224)).astype(np.float32)
+    name = sess.get_inputs()[0].name
+    (y,) = sess.run(None, {name: x})
+    (ref,) = _reference(twin, {name: x})
+    assert ref.std() > 1e-4  # varied outputs, unlike the constant weights'
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-7)
