@@ -415,7 +415,7 @@ def _conv_prepare(node, consts):
     w = consts[1] if len(consts) > 1 else None
     if w is not None and w.ndim not in (3, 4):
         _refuse(node, f"a {w.ndim - 2}-D convolution (weight shape {w.shape})")
-    return {"packed": None}
+    return None
 
 
 def _conv_run(node, x, w, b, residual, activation, state):
@@ -448,7 +448,7 @@ def _conv_run(node, x, w, b, residual, activation, state):
         xh = np.pad(xh, [(0, 0), (0, 0)] + [tuple(p) for p in pads])
         x = _to_dev(xh) if _on_device(x) else xh
         padding = (0, 0)
-    weight = state["packed"] if state and state.get("packed") is not None else w
+    weight = w
     kw = dict(stride=tuple(strides), padding=padding, dilation=tuple(dils), groups=group)
     out_shape = _conv_out_shape(x.shape, w.shape, kw)
     fused_res = residual is not None and tuple(residual.shape) == out_shape and \
@@ -475,14 +475,6 @@ def _conv_out_shape(xs, ws, kw):
     return (xs[0], ws[0], oh, ow)
 
 
-def _fused_conv_prepare(node, consts):
-    state = _conv_prepare(node, consts)
-    w = consts[1]
-    if w is not None and w.ndim == 4 and hasattr(nbops.conv, "pack_conv_weight"):
-        state["packed"] = nbops.conv.pack_conv_weight(w)
-    return state
-
-
 @onnx_op("Conv", since=1, prepare=_conv_prepare, dtypes=FLOAT)
 def onnx_conv(node, x, w, b=None, *, state):
     """Conv (1-D and 2-D, any pads/strides/dilations/groups/auto_pad) on
@@ -490,7 +482,7 @@ def onnx_conv(node, x, w, b=None, *, state):
     return _conv_run(node, x, w, b, None, None, state)
 
 
-@onnx_op("FusedConv", domain=NBOPS_DOMAIN, prepare=_fused_conv_prepare, dtypes=FLOAT)
+@onnx_op("FusedConv", domain=NBOPS_DOMAIN, prepare=_conv_prepare, dtypes=FLOAT)
 def onnx_fused_conv(node, x, w, b=None, residual=None, *, state):
     """The planner's Conv [+ folded BN] [+ residual Add] [+ Relu]: one
     nbops convolution with its epilogue (``conv_relu``/``conv2d`` with
