@@ -17,11 +17,27 @@ module compiles these same functions with ``m`` rebound to :mod:`math`
 
 import functools
 import math
+import types
 from collections import namedtuple
 
 import numpy as np
 
-from .cpu import _approx as m  # noqa: F401  (rebound to math for CUDA)
+
+
+class _LazyApprox(types.ModuleType):
+    # ``m`` stands for nbops.cpu._approx (a kernel module), imported on the
+    # first attribute Numba resolves while typing a formula, so that
+    # ``import nbops`` loads no kernel module. Numba types a module global by
+    # getattr on the object, which reaches this __getattr__.
+    def __getattr__(self, name):
+        from .cpu import _approx
+
+        value = getattr(_approx, name)
+        setattr(self, name, value)
+        return value
+
+
+m = _LazyApprox("nbops.cpu._approx")  # rebound to math for CUDA
 
 Consts = namedtuple("Consts", [
     "zero", "half", "one", "two", "three", "sixth", "third",

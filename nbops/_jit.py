@@ -58,6 +58,8 @@ from numba import config, njit
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.errors import NumbaIRAssumptionWarning
 
+from . import _fastload
+
 #: Flags for elementwise and register-tiled kernels (no nnan/ninf, no reassoc).
 FASTMATH = frozenset({"contract", "nsz", "arcp", "afn"})
 #: Adds reassoc: for reductions whose order does not matter to the result's
@@ -82,6 +84,7 @@ def cpu_kernel(fn=None, *, parallel=False, fastmath=FASTMATH, slp=True, hoist_ch
                     fastmath=set(fastmath), **options)(f)
         _compile_with_settings(disp, slp, hoist_checks)
         _key_on_shared_sources(disp)
+        _fastload.install(disp)
         return disp
 
     return deco(fn) if fn is not None else deco

@@ -41,7 +41,7 @@ import numpy as np
 # the exponential of the sigmoid surrogate: nbops' vectorizable one on the
 # CPU (a libm call in the loop would keep the backward scalar); the CUDA
 # kernel module rebinds ``m`` to :mod:`math`
-from ..cpu import _approx as m
+from .._formulas import m  # lazy: import nbops loads no kernel module
 
 #: Parameters of the streaming LIF form (:func:`nbops.neuromorphic.lif_step`).
 LIFParameters = namedtuple("LIFParameters", ["beta", "threshold", "reset"],
