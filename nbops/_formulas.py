@@ -234,4 +234,5 @@ def functions():
     return {name: obj for name, obj in globals().items()
             if callable(obj) and getattr(obj, "__module__", None) == __name__
             and name not in ("consts", "_consts", "params", "_no_params", "functions",
-                             "Consts")}
+                             "Consts")
+            and not isinstance(obj, type)}  # not the lazy stand-in's class
