@@ -5,6 +5,7 @@
     python -m nbops selftest                   every op family, checked against NumPy
     python -m nbops bench --quick --op gelu    nbops beside NumPy: time, GB/s, error
     python -m nbops warmup --ops relu          compile kernels into the disk cache ahead of use
+    python -m nbops run model.onnx --profile   run an ONNX model: output shapes, latency, ops
 """
 
 import argparse
@@ -115,10 +116,16 @@ def _warmup(args):
     return run(args)
 
 
+def _run_onnx(args):
+    from .onnx._cli import run
+
+    return run(args)
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m nbops", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", metavar="{info,demo,selftest,bench,tune,warmup}",
+    sub = p.add_subparsers(dest="command", metavar="{info,demo,selftest,bench,tune,warmup,run}",
                            required=True)
 
     info = sub.add_parser("info", help="versions, CPU and SIMD features, threads, CUDA, cache")
@@ -171,6 +178,12 @@ def build_parser():
     w = sub.add_parser("warmup", help="compile the kernels a script will use into the disk cache")
     add_arguments(w)
     w.set_defaults(func=_warmup)
+
+    from .onnx._cli import add_arguments as add_run_arguments
+
+    r = sub.add_parser("run", help="run an ONNX model: output shapes, latency, per-op profile")
+    add_run_arguments(r)
+    r.set_defaults(func=_run_onnx)
     return p
 
 
