@@ -296,8 +296,9 @@ def _reduce_draw(d, dtype):
     if axis == "one":
         axis = d.param(lambda: d.int(-nd, nd - 1) if nd else None, [nd + 1, -nd - 1, 1.0])
     elif axis == "tuple":
-        axis = tuple(sorted(set(d.int(-nd, nd - 1) for _ in range(d.int(1, 2))))) if nd \
-            else None
+        axis = tuple(sorted({d.int(0, nd - 1) for _ in range(d.int(1, 2))})) if nd else None
+        if axis and d.flag(0.3):
+            axis = (axis[0] - nd,) + axis[1:]     # negative counts from the end
         if nd and d.bad():
             axis = (0, 0)
     kw = {"axis": axis, "keepdims": d.param([False, True], [1, None])}
@@ -317,7 +318,7 @@ def _expand_draw(d, dtype):
     shape = tuple(d.choice([1, d.size()]) for _ in range(d.int(0, 3)))
     target = tuple(d.size() if n == 1 else n for n in shape)
     target = tuple(d.size() for _ in range(d.int(0, 2))) + target
-    if d.bad():
+    if d.flag(0.1):  # targets that may not broadcast (NumPy's rule decides)
         target = target[:-1] + (target[-1] + 1,) if target and target[-1] > 1 else (-1, 2)
     return Case([d.array(shape, dtype)], {"shape": target})
 
@@ -354,7 +355,8 @@ def _arith_rows():
         rows.append(Row(name, "arith", getattr(nbops, name), _reduce_draw, r,
                         rtol={F32: 1e-5, F64: 1e-13}, scale=_abs_scale(r)))
     rows.append(Row("expand", "arith", nbops.expand, _expand_draw,
-                    lambda x, shape: np.broadcast_to(_f64(x), shape), rtol={F32: 0, F64: 0}))
+                    lambda x, shape: np.broadcast_to(_f64(x), shape), rtol={F32: 0, F64: 0},
+                    ref_decides=True))
     rows.append(Row("sum_to", "arith", nbops.sum_to, _sum_to_draw, _sum_to_ref, out=False,
                     rtol={F32: 1e-5, F64: 1e-13}, scale=_abs_scale(_sum_to_ref)))
     return rows
