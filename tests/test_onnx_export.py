@@ -118,3 +118,32 @@ def test_export_errors():
         export(nn.LayerNorm(4), x, opset=13)
     with pytest.raises(ValueError, match="running statistics"):
         export(nn.BatchNorm2d(1, track_running_stats=False), np.ones((1, 1, 2, 2), np.float32))
+
+
+def test_export_static_quantized_model_as_qdq(tmp_path):
+    from nbops import quant
+
+    rng = np.random.default_rng(3)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1, rng=rng), _trained_bn(4, rng),
+                          nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 6, 3, rng=rng), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 3, rng=rng))
+    model.eval()
+    observed = quant.prepare(model)
+    for _ in range(4):
+        observed(rng.standard_normal((8, 1, 8, 8)).astype(np.float32))
+    qmodel = quant.convert(observed)
+    x = rng.standard_normal((5, 1, 8, 8)).astype(np.float32)
+    ref = qmodel(x)
+    path = tmp_path / "q.onnx"
+    proto = export(qmodel, x, path)
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("Conv") == 2 and "Gemm" in ops and "QuantizeLinear" in ops
+    # a few quanta of the last layer's output scale: requantization rounds in
+    # fixed point in nbops and in float in the QDQ form, layer after layer
+    quantum = qmodel.layers[-1][4][0]
+    got = InferenceSession(str(path)).run(None, {"input": x})[0]
+    np.testing.assert_allclose(got, ref, atol=3.01 * quantum, rtol=0)
+    ort = pytest.importorskip("onnxruntime")
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(sess.run(None, {"input": x})[0], ref, atol=3.01 * quantum,
+                               rtol=0)

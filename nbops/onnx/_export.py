@@ -12,8 +12,10 @@ Layers: Linear, Conv1d, Conv2d, FusedConv (a folded conv-bn[-relu] from
 tanh), SiLU, Sigmoid, Tanh, Swish, Dropout and Identity (eval: nothing),
 MaxPool1d/2d, AvgPool1d/2d, AdaptiveAvgPool1d/2d (global, or a divisible
 output size), Flatten, Softmax, LogSoftmax, LayerNorm, RMSNorm,
-MultiheadAttention (self-attention over a batch-first 3-D input) and
-TransformerEncoderLayer. A model whose forward is custom Python (a Module
+MultiheadAttention (self-attention over a batch-first 3-D input),
+TransformerEncoderLayer, and a statically quantized model
+(``nbops.quant.convert``'s QuantizedSequential) as QuantizeLinear /
+DequantizeLinear around float Conv and Gemm nodes (QDQ). A model whose forward is custom Python (a Module
 subclass other than Sequential) cannot be walked and is refused by name.
 """
 
@@ -193,13 +195,78 @@ def _linear(g, m, x, value, where, weight=None, bias=None):
 
 def _conv(g, m, x, value, where):
     w, b = _data(m.weight), _data(m.bias)
-    spatial = w.ndim - 2
-    attrs = dict(kernel_shape=list(w.shape[2:]), strides=_tuple(m.stride, spatial),
-                 dilations=_tuple(m.dilation, spatial), group=int(m.groups),
-                 pads=_pads(m.padding, w.shape[2:], _tuple(m.dilation, spatial)))
     ins = [x, g.const(w, "weight")] + ([g.const(b, "bias")] if b is not None else [])
-    y = g.node("Conv", ins, where, **attrs)
+    y = g.node("Conv", ins, where, **_conv_attrs(m, w.shape))
     return g.node("Relu", [y], where) if getattr(m, "relu", False) else y
+
+
+def _conv_attrs(m, wshape):
+    spatial = len(wshape) - 2
+    dilation = _tuple(m.dilation, spatial)
+    return dict(kernel_shape=list(wshape[2:]), strides=_tuple(m.stride, spatial),
+                dilations=dilation, group=int(m.groups),
+                pads=_pads(m.padding, wshape[2:], dilation))
+
+
+def _quantized_sequential(g, m, x, value, where):
+    """A statically quantized model as QDQ: QuantizeLinear/DequantizeLinear
+    pairs around float Conv/Gemm nodes whose weights are DequantizeLinear of
+    the int8 weights (per channel) and the int32 biases, so that a runtime
+    that recognises the pattern runs it in int8 (nbops.onnx and onnxruntime
+    do). Requantization rounds in float there, in fixed point in nbops: the
+    outputs may differ by one quantum of a layer's output scale."""
+    def quant(t, qp):
+        return g.node("QuantizeLinear", [t, g.const(qp[0], "scale", np.float32),
+                                         g.const(qp[1], "zero_point", np.uint8)], where)
+
+    def dequant(t, qp):
+        return g.node("DequantizeLinear", [t, g.const(qp[0], "scale", np.float32),
+                                           g.const(qp[1], "zero_point", np.uint8)], where)
+
+    qp = m.input_qparams
+    q = quant(x, qp)
+    for kind, mod, packed, bias, out_q, relu in m.layers:
+        if kind in ("conv", "linear"):
+            qw = packed.qweight
+            w_scale = np.asarray(qw.scale, np.float32).reshape(-1)
+            wf = g.node("DequantizeLinear", [
+                g.const(np.asarray(qw.values), "qweight", np.int8),
+                g.const(w_scale, "w_scale", np.float32),
+                g.const(np.asarray(qw.zero_point).reshape(-1), "w_zero_point", np.int8)],
+                where, axis=0)
+            ins = [dequant(q, qp), wf]
+            if bias is not None:
+                ins.append(g.node("DequantizeLinear", [
+                    g.const(np.asarray(bias), "qbias", np.int32),
+                    g.const(np.float32(qp[0]) * w_scale, "b_scale", np.float32),
+                    g.const(np.zeros(len(w_scale)), "b_zero_point", np.int32)], where, axis=0))
+            y = (g.node("Conv", ins, where, **_conv_attrs(mod, qw.shape)) if kind == "conv"
+                 else g.node("Gemm", ins, where, transB=1))
+            if relu:
+                y = g.node("Relu", [y], where)
+            q, qp = quant(y, out_q), out_q
+            continue
+        if kind == "flatten":
+            if mod.end_dim != -1:
+                raise ValueError(f"export: layer {where} flattens up to axis {mod.end_dim}: "
+                                 "only Flatten(start_dim, -1) is exported in a quantized model")
+            q = g.node("Flatten", [q], where, axis=int(mod.start_dim))
+            continue
+        # relu and pooling commute with the affine dequantization (max: exactly)
+        f = dequant(q, qp)
+        if kind == "relu":
+            f = g.node("Relu", [f], where)
+        elif kind == "maxpool":
+            f = _pool("MaxPool")(g, mod, f, np.empty((1, 1, 1, 1)), where)
+        elif kind == "avgpool":
+            if any(o != 1 for o in _tuple(mod.kwargs["output_size"], 2)):
+                raise ValueError(f"export: layer {where} (quantized AdaptiveAvgPool2d) is "
+                                 "exported for output size 1 only")
+            f = g.node("GlobalAveragePool", [f], where)
+        else:
+            raise TypeError(f"export: layer {where} (quantized {kind}) cannot be exported")
+        q = quant(f, qp)
+    return dequant(q, qp)
 
 
 def _batch_norm(g, m, x, value, where):
@@ -404,4 +471,5 @@ _EMITTERS = {
     "Flatten": _flatten, "Softmax": _softmax("Softmax"), "LogSoftmax": _softmax("LogSoftmax"),
     "LayerNorm": _layer_norm, "RMSNorm": _rms_norm,
     "MultiheadAttention": _attention, "TransformerEncoderLayer": _encoder_layer,
+    "QuantizedSequential": _quantized_sequential,
 }
