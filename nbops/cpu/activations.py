@@ -48,7 +48,7 @@ forward kernels and ``name(g, v, out, p, c)`` for backward kernels, with
 """
 
 from collections import namedtuple
-from types import FunctionType
+from types import FunctionType, ModuleType
 
 import numpy as np
 from numba import get_num_threads, prange
@@ -158,8 +158,11 @@ def transcendental(f):
     docstring)."""
     for name in f.__code__.co_names:
         obj = f.__globals__.get(name)
-        if obj is _approx or (isinstance(obj, FunctionType) and obj is not f
-                              and transcendental(obj)):
+        # _formulas.m is a lazy stand-in module named after _approx
+        is_approx = obj is _approx or (isinstance(obj, ModuleType)
+                                       and obj.__name__ == _approx.__name__)
+        if is_approx or (isinstance(obj, FunctionType) and obj is not f
+                         and transcendental(obj)):
             return True
     return False
 
