@@ -216,6 +216,14 @@ class Graph:
                     counts[i] = counts.get(i, 0) + 1
         return counts
 
+    def consumers(self):
+        """``{value name: [nodes reading it]}``, in graph order."""
+        readers = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                readers.setdefault(i, []).append(n)
+        return readers
+
     def is_output(self, name):
         return name in self.aliases.values()
 
@@ -456,10 +464,7 @@ def _fuse_ops(graph):
     """Conv [+ Relu] -> FusedConv; Gemm / MatMul [+ Add bias] [+ act] -> FusedLinear."""
     log = []
     counts = graph.use_count()
-    consumers = {}
-    for n in graph.nodes:
-        for i in n.inputs:
-            consumers.setdefault(i, []).append(n)
+    consumers = graph.consumers()
     drop = set()
     out_nodes = []
     for n in graph.nodes:
@@ -584,10 +589,7 @@ def _fuse_residual(graph):
     """FusedConv -> Add(other) [-> Relu] -> FusedConv(residual=other)."""
     log = []
     counts = graph.use_count()
-    consumers = {}
-    for n in graph.nodes:
-        for i in n.inputs:
-            consumers.setdefault(i, []).append(n)
+    consumers = graph.consumers()
     producer = {o: n for n in graph.nodes for o in n.outputs}
     replace, drop = {}, set()
     for add in graph.nodes:
