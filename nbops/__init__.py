@@ -24,6 +24,7 @@ from ._dispatch import (  # noqa: F401
     to_host,
 )
 from ._runtime import get_debug, get_num_threads, set_debug, set_num_threads  # noqa: F401
+from ._coexist import get_blas_coexistence, set_blas_coexistence  # noqa: F401
 from .activations import *  # noqa: F401,F403
 from .activations import __all__ as _activations_all
 from .linalg import bmm, linear, matmul  # noqa: F401,E402
@@ -38,7 +39,8 @@ from .arith import (  # noqa: F401
 )
 from .normalization import batch_norm, layer_norm, rms_norm  # noqa: F401,E402
 from .conv import (  # noqa: F401,E402
-    conv1d, conv2d, conv_bn, conv_bn_relu, conv_relu, fold_batch_norm,
+    conv1d, conv2d, conv_bn, conv_bn_relu, conv_pack, conv_relu, fold_batch_norm,
+    PackedConv,
 )
 from .pooling import (  # noqa: F401,E402
     adaptive_avg_pool1d, adaptive_avg_pool2d, avg_pool1d, avg_pool2d, global_avg_pool2d,
@@ -52,6 +54,7 @@ from . import autograd, nn, optim  # noqa: F401,E402
 __all__ = [
     "Operator", "cuda_available", "get_operator", "register_op", "registered_ops",
     "to_device", "to_host", "get_debug", "get_num_threads", "set_debug", "set_num_threads",
+    "set_blas_coexistence", "get_blas_coexistence",
     *_activations_all,
     "matmul", "bmm", "linear", "autotune",
     *_tensor_all,
@@ -63,6 +66,10 @@ __all__ += ["batch_norm", "layer_norm", "rms_norm"]
 __all__ += ["max_pool1d", "max_pool2d", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d",
             "adaptive_avg_pool2d", "global_avg_pool2d", "softmax", "log_softmax"]
 __all__ += ["scaled_dot_product_attention", "positional_encoding"]
-__all__ += ["conv1d", "conv2d", "fold_batch_norm", "conv_bn_relu", "conv_bn", "conv_relu"]
+__all__ += ["conv1d", "conv2d", "fold_batch_norm", "conv_bn_relu", "conv_bn", "conv_relu",
+            "conv_pack", "PackedConv"]
 from . import quant  # noqa: E402,F401  (nbops.quant: int8 quantization)
 __all__ += ["quant"]
+
+from ._coexist import apply_at_import as _calm_blas  # noqa: E402
+_calm_blas()  # OpenBLAS's idle threads sleep instead of spinning (nbops/_coexist.py)

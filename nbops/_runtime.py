@@ -68,6 +68,9 @@ def _openblas():
     except (ImportError, OSError):
         return None
     for path in sorted(p for p in paths if "scipy" in p and "numpy" not in p):
+        from . import _coexist
+
+        _coexist.apply_to(path)
         lib = ctypes.CDLL(path)
         for prefix in ("scipy_openblas", "openblas"):
             get = getattr(lib, f"{prefix}_get_num_threads", None)

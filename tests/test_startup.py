@@ -135,3 +135,98 @@ def test_broken_internal_falls_back(cached_kernels):
 def test_undefined_symbols_refuses_non_elf():
     with pytest.raises(ValueError):
         _fastload.undefined_symbols(b"MZ not an ELF file")
+
+
+# --- nbops beside NumPy's BLAS (nbops/_coexist.py) --------------------------
+# Whether a thread pool spins is read from the CPU time a process burns while
+# its main thread sleeps right after a call: a spinning worker burns it, a
+# sleeping one does not (OpenBLAS's default spin is ~0.1 s; nbops' 2**14 cycles).
+SPIN_PROBE = """
+    import json, os, sys, time
+    import numpy as np
+    import nbops
+
+    a = np.ones((512, 512), np.float32)
+    g = np.ones(1 << 20, np.float32)
+
+    def burned(call, tries=4):
+        out = []
+        for _ in range(tries):
+            call()
+            c0 = time.process_time()
+            time.sleep(0.2)
+            out.append(time.process_time() - c0)
+        return max(out)
+
+    def report():
+        return {"blas": burned(lambda: a @ a), "nbops": burned(lambda: nbops.gelu(g)),
+                "state": nbops.get_blas_coexistence(),
+                "gomp": os.environ.get("GOMP_SPINCOUNT")}
+
+    first = report()
+    toggled = None
+    if len(sys.argv) > 1:
+        nbops.set_blas_coexistence(sys.argv[1] == "on")
+        toggled = report()
+    print(json.dumps({"first": first, "toggled": toggled}))
+"""
+QUIET_CPU_S = 0.003  # at most this much CPU burned in 0.2 s of sleep: no spinning
+
+
+def _spin_probe(env_extra, toggle=None):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT",
+                        "NBOPS_BLAS_COEXIST", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+    env.update(env_extra)
+    args = [sys.executable, "-c", textwrap.dedent(SPIN_PROBE)] + ([toggle] if toggle else [])
+    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(os.cpu_count() < 2, reason="thread pools need two cores to spin beside")
+def test_blas_coexistence_is_applied_at_import():
+    r = _spin_probe({})["first"]
+    state = r["state"]
+    assert state["enabled"] is True
+    assert any("openblas" in p for p in state["openblas"]), state
+    assert set(state["openblas"].values()) == {14}
+    assert r["gomp"] == state["openmp"] == "3000"
+    assert r["blas"] < QUIET_CPU_S, f"OpenBLAS kept spinning: {r}"
+    assert r["nbops"] < QUIET_CPU_S, f"nbops' OpenMP pool kept spinning: {r}"
+
+
+@pytest.mark.skipif(os.cpu_count() < 2, reason="thread pools need two cores to spin beside")
+def test_blas_coexistence_off_leaves_openblas_spinning():
+    r = _spin_probe({"NBOPS_BLAS_COEXIST": "0"})["first"]
+    assert r["state"] == {"enabled": False, "openblas": {}, "openmp": None}
+    assert r["gomp"] is None
+    assert r["blas"] > QUIET_CPU_S, f"OpenBLAS's default spin not seen: {r}"
+
+
+@pytest.mark.skipif(os.cpu_count() < 2, reason="thread pools need two cores to spin beside")
+def test_set_blas_coexistence_at_run_time():
+    off = _spin_probe({}, toggle="off")["toggled"]
+    assert off["state"]["enabled"] is False
+    assert set(off["state"]["openblas"].values()) == {28}   # OpenBLAS's default restored
+    assert off["blas"] > QUIET_CPU_S, off
+    on = _spin_probe({"NBOPS_BLAS_COEXIST": "0"}, toggle="on")["toggled"]
+    assert set(on["state"]["openblas"].values()) == {14}
+    assert on["blas"] < QUIET_CPU_S, on
+    # libgomp was loaded (by the first gelu) before the switch: nbops says so
+    assert "libgomp was loaded" in on["state"]["openmp"]
+
+
+def test_blas_coexistence_respects_the_users_settings():
+    r = _run("""
+        import json, os
+        os.environ["GOMP_SPINCOUNT"] = "12345"
+        import nbops
+        print(json.dumps([os.environ["GOMP_SPINCOUNT"], nbops.get_blas_coexistence()["openmp"]]))
+    """)
+    assert r[0] == "12345"
+    assert "left as the user set it" in r[1]
+    import nbops
+
+    with pytest.raises(TypeError, match="set_blas_coexistence: enabled must be a bool"):
+        nbops.set_blas_coexistence("yes")
