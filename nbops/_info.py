@@ -145,9 +145,22 @@ def collect(probe_threads=True):
         ("numba threads", f"{threads} of {numba.config.NUMBA_NUM_THREADS} "
                           "(nbops.set_num_threads, NUMBA_NUM_THREADS)"),
         ("threading layer", layer),
+        ("beside NumPy's BLAS", _coexistence()),
         ("cuda", cuda_text),
         ("kernel cache", cache_dir()),
     ]
+
+
+def _coexistence():
+    """What nbops changed in the BLAS and OpenMP pools (nbops/_coexist.py)."""
+    import nbops
+
+    state = nbops.get_blas_coexistence()
+    if not state["enabled"]:
+        return "nothing changed (NBOPS_BLAS_COEXIST=0 or set_blas_coexistence(False))"
+    pools = ", ".join(f"{os.path.basename(p)} idle spin 2**{e} cycles"
+                      for p, e in state["openblas"].items()) or "no OpenBLAS loaded"
+    return f"{pools}; GOMP_SPINCOUNT {state['openmp']} (NBOPS_BLAS_COEXIST=0 turns off)"
 
 
 def format_info(pairs):
