@@ -4,7 +4,7 @@
     python -m nbops demo                       train, fuse, quantize, serve networks on digits
     python -m nbops selftest                   every op family, checked against NumPy
     python -m nbops bench --quick --op gelu    nbops beside NumPy: time, GB/s, error
-    python -m nbops warmup --ops relu          compile kernels into the disk cache ahead of use
+    python -m nbops warmup --jobs 2            compile kernels into the disk cache, in parallel
     python -m nbops run model.onnx --profile   run an ONNX model: output shapes, latency, ops
 """
 
