@@ -18,12 +18,23 @@ autotuner candidates (``NBOPS_AUTOTUNE=0``: ``DEFAULT_CONFIG``, the
 implicit GEMM); depthwise has one algorithm. CUDA (:mod:`nbops.cuda.conv`):
 a direct kernel with the block's weights staged in shared memory.
 
+Packing once: :func:`conv_pack` validates a convolution for one input
+shape, dtype and device, folds its batch norm and bias, makes its weights
+C-contiguous in the kernel's layout and, on the first call, resolves the
+algorithm (the autotuner's choice): a :class:`PackedConv`. Every front
+(``conv2d``, ``conv1d``, ``conv_relu``, ``conv_bn``, ``conv_bn_relu``)
+takes one in place of ``weight`` and then only checks ``x``, ``out`` and
+``residual`` before the kernel runs (an ONNX session packs each Conv once
+at plan time). The implicit GEMM still packs its A panels from those
+weights inside each call: the kernel has no entry taking them packed.
+
 Backward (autograd): the input gradient is ``col2im(W^T @ grad)``, the
 weight gradient ``grad @ im2col(x)^T`` summed over the batch, the bias
 gradient the sum of ``grad`` over batch and pixels; products run on
 :func:`nbops.matmul`, so both devices share the rule.
 """
 
+import functools
 import numbers
 
 import numpy as np
@@ -34,7 +45,7 @@ from ._dispatch import CPU, CUDA, operator
 from .linalg import _DTYPE_NAMES, matmul
 
 __all__ = ["conv1d", "conv2d", "fold_batch_norm", "conv_bn_relu", "conv_bn", "conv_relu",
-           "DEFAULT_CONFIG", "CONV_CONFIGS"]
+           "conv_pack", "PackedConv", "DEFAULT_CONFIG", "CONV_CONFIGS"]
 
 for _name in ("conv2d", "im2col", "col2im", "bn_scale_shift", "fold_weights"):
     _dispatch.register_kernel(f"conv.{_name}", CPU, f"nbops.cpu.conv:{_name}")
@@ -81,7 +92,11 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, out=
     ----------
     x : array (N, C, H, W), float32 or float64, CPU or CUDA
         Any strides (a non-contiguous input is copied once).
-    weight : array (CO, C / groups, kH, kW), same dtype and device
+    weight : array (CO, C / groups, kH, kW), same dtype and device, or a
+        :class:`PackedConv` from :func:`conv_pack` (packed for ``x``'s
+        shape, dtype and device): then ``bias`` is None (it is in the
+        pack), and stride, padding, dilation and groups are the pack's
+        (any other than the defaults must equal them).
     bias : array (CO,), optional
     stride, dilation : int or pair of ints, each >= 1
     padding : int, pair of ints (>= 0), "valid" (no padding) or "same"
@@ -126,6 +141,9 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, out=
     array([[[[4., 4.],
              [4., 4.]]]], dtype=float32)
     """
+    if type(weight) is PackedConv:
+        return _conv_packed("conv2d", weight, x, bias, (stride, padding, dilation, groups),
+                            None, out, residual)
     return _conv("conv2d", 2, x, weight, bias, None, stride, padding, dilation, groups,
                  None, out, residual=residual)[0]
 
@@ -140,7 +158,8 @@ def conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, out=
     ``stride``, ``dilation`` ints >= 1, ``padding`` an int >= 0, "valid" or
     "same"; ``groups`` as :func:`conv2d`. float32 or float64, CPU or CUDA.
     Returns (N, CO, OL) or writes ``out``; ``residual`` (N, CO, OL) is added
-    in the epilogue.
+    in the epilogue. ``weight`` may be a :class:`PackedConv` of a 3-D
+    weight, as in :func:`conv2d`.
 
     Raises
     ------
@@ -152,6 +171,9 @@ def conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, out=
     >>> nbops.conv1d(np.arange(5.0).reshape(1, 1, 5), np.ones((1, 1, 2)))
     array([[[1., 3., 5., 7.]]])
     """
+    if type(weight) is PackedConv:
+        return _conv_packed("conv1d", weight, x, bias, (stride, padding, dilation, groups),
+                            None, out, residual)
     return _conv("conv1d", 1, x, weight, bias, None, stride, padding, dilation, groups,
                  None, out, residual=residual)[0]
 
@@ -164,7 +186,8 @@ def conv_relu(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, o
     epilogue on each output tile while it is in cache.
 
     Arguments, shapes and errors as :func:`conv2d` (4-D ``x``/``weight``)
-    or :func:`conv1d` (3-D), chosen by ``weight``'s rank.
+    or :func:`conv1d` (3-D), chosen by ``weight``'s rank; ``weight`` may be
+    a :class:`PackedConv`.
 
     Raises
     ------
@@ -177,14 +200,17 @@ def conv_relu(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, o
     >>> float(nbops.conv_relu(x, w).max())
     0.0
     """
+    if type(weight) is PackedConv:
+        return _conv_packed("conv_relu", weight, x, bias, (stride, padding, dilation, groups),
+                            "relu", out, residual)
     spatial = _spatial_of(weight)
     return _conv("conv_relu", spatial, x, weight, bias, None, stride, padding, dilation,
                  groups, "relu", out, residual=residual)[0]
 
 
 @operator("conv_bn", save=("inputs", "output"))
-def conv_bn(x, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps=1e-5, stride=1,
-            padding=0, dilation=1, groups=1, out=None, residual=None):
+def conv_bn(x, weight, bias=None, bn_mean=None, bn_var=None, bn_weight=None, bn_bias=None,
+            eps=1e-5, stride=1, padding=0, dilation=1, groups=1, out=None, residual=None):
     """Convolution followed by evaluation-mode batch norm, as one kernel:
     ``conv(x, W * s) + (bias - bn_mean) * s + bn_bias`` with
     ``s = bn_weight / sqrt(bn_var + eps)``, folded while the weights are
@@ -193,13 +219,16 @@ def conv_bn(x, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps=1e-5, stri
     ``bias`` may be None; ``bn_mean``, ``bn_var``, ``bn_weight``,
     ``bn_bias`` are (CO,) arrays of ``x``'s dtype and device; ``eps`` > 0.
     Other arguments as :func:`conv2d` (or :func:`conv1d` for 3-D tensors);
-    ``residual`` is added after the batch norm.
+    ``residual`` is added after the batch norm. ``weight`` may be a
+    :class:`PackedConv` made with ``batch_norm=``: then ``bias`` and the
+    statistics are left out (None), the pack holds them folded.
 
     Raises
     ------
     TypeError, ValueError
-        As :func:`conv2d`, and batch-norm statistics of the wrong length or
-        a non-positive ``eps``.
+        As :func:`conv2d`, and batch-norm statistics missing, of the wrong
+        length, or given with a packed weight (or a pack without a batch
+        norm), or a non-positive ``eps``.
 
     Example
     -------
@@ -212,8 +241,9 @@ def conv_bn(x, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps=1e-5, stri
 
 
 @operator("conv_bn_relu", save=("inputs", "output"))
-def conv_bn_relu(x, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps=1e-5, stride=1,
-                 padding=0, dilation=1, groups=1, out=None, residual=None):
+def conv_bn_relu(x, weight, bias=None, bn_mean=None, bn_var=None, bn_weight=None,
+                 bn_bias=None, eps=1e-5, stride=1, padding=0, dilation=1, groups=1, out=None,
+                 residual=None):
     """``relu(batch_norm(conv(x, weight, bias)))`` (batch norm in evaluation
     mode) as ONE convolution kernel: the folded weights
     ``weight * bn_weight / sqrt(bn_var + eps)`` are formed while they are
@@ -224,7 +254,8 @@ def conv_bn_relu(x, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps=1e-5,
     a ResNet bottleneck, still one pass (the residual add and relu as a
     separate pass would read two tensors and write one more).
 
-    Arguments as :func:`conv_bn`.
+    Arguments as :func:`conv_bn` (``weight`` may be a :class:`PackedConv`
+    made with ``batch_norm=``).
 
     Raises
     ------
@@ -285,6 +316,143 @@ def fold_batch_norm(weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps=1e-5)
     _dispatch.kernel("conv.fold_weights", dev)(_reshape(w, (co, -1)), scale,
                                                _reshape(folded, (co, -1)))
     return folded, shift
+
+
+def conv_pack(weight, bias=None, *, input_shape, stride=1, padding=0, dilation=1, groups=1,
+              batch_norm=None, eps=1e-5):
+    """Prepare a convolution once for inputs of one shape: a
+    :class:`PackedConv` that :func:`conv2d`, :func:`conv1d` and
+    :func:`conv_relu` (and :func:`conv_bn` / :func:`conv_bn_relu` when it
+    folds a batch norm) take in place of ``weight``.
+
+    What does not depend on the input's values is done here, once: the
+    argument checks and the geometry, the batch norm folded into weights
+    and bias (as :func:`fold_batch_norm`), the weights made C-contiguous in
+    the kernel's layout; the first call resolves the algorithm (the
+    autotuner's choice for this shape) and keeps it. Each call then checks
+    only ``x`` (shape, dtype, device), ``out`` and ``residual``. For
+    inference: there is no gradient through a packed weight.
+
+    Parameters
+    ----------
+    weight : array (CO, C / groups, kH, kW), or (CO, C / groups, k) for a
+        1-D convolution; float32 or float64, CPU or CUDA
+    bias : array (CO,), optional
+    input_shape : tuple of ints
+        The shape of the inputs the pack serves, (N, C, H, W) or (N, C, L).
+    stride, padding, dilation, groups
+        As :func:`conv2d` (:func:`conv1d`).
+    batch_norm : (bn_mean, bn_var, bn_weight, bn_bias), optional
+        An evaluation-mode batch norm after the convolution, folded in:
+        arrays (CO,) of the weight's dtype and device.
+    eps : float > 0
+        The batch norm's epsilon.
+
+    Returns
+    -------
+    PackedConv
+        It keeps ``weight`` and ``bias`` themselves where they are
+        C-contiguous and no batch norm is folded: pack again after changing
+        them in place.
+
+    Raises
+    ------
+    TypeError
+        Non-float arrays, mixed dtypes or devices, an ``input_shape`` that
+        is not a tuple of ints, a ``batch_norm`` that is not 4 arrays.
+    ValueError
+        As :func:`conv2d` for ``input_shape`` (rank, channels, a kernel
+        larger than the padded input, bad parameters), and as
+        :func:`conv_bn` for the statistics.
+
+    Example
+    -------
+    >>> w = np.ones((1, 1, 2, 2), np.float32)
+    >>> packed = nbops.conv_pack(w, input_shape=(1, 1, 3, 3))
+    >>> float(nbops.conv2d(np.ones((1, 1, 3, 3), np.float32), packed).sum())
+    16.0
+    """
+    op = "conv_pack"
+    weight = _checks.array(op, "weight", weight)
+    if weight.ndim not in (3, 4):
+        raise ValueError(f"{op}: argument 'weight' must be 4-D (out_channels, "
+                         f"in_channels/groups, kH, kW) or 3-D for 1-D convolutions, got "
+                         f"shape {tuple(weight.shape)}")
+    spatial = weight.ndim - 2
+    if batch_norm is not None:
+        if not isinstance(batch_norm, (tuple, list)) or len(batch_norm) != 4:
+            raise TypeError(f"{op}: argument 'batch_norm' must be a tuple (bn_mean, bn_var, "
+                            f"bn_weight, bn_bias), got {_checks.describe(batch_norm)}")
+        weight, bias = fold_batch_norm(weight, bias, *batch_norm, eps=eps)
+    elif bias is not None:
+        bias = _checks.array(op, "bias", bias)
+    _checks.same_dtype(op, weight=weight, bias=bias)
+    dev = _dispatch.resolve_device(op, weight=weight, bias=bias)
+    if not isinstance(input_shape, (tuple, list)):
+        raise TypeError(f"{op}: argument 'input_shape' must be a tuple of ints, got "
+                        f"{_checks.describe(input_shape)}")
+    shape = tuple(_int(op, "input_shape", v) for v in input_shape)
+    if any(v < 0 for v in shape):
+        raise ValueError(f"{op}: argument 'input_shape' must hold sizes >= 0, got {shape}")
+    # a stand-in of the input's shape and no memory: the geometry reads no more
+    probe = np.broadcast_to(np.empty((), weight.dtype), shape)
+    geo, out_shape = _geometry(op, spatial, probe, weight, stride, padding, dilation, groups)
+    co = geo[-1]
+    if bias is not None and tuple(bias.shape) != (co,):
+        raise ValueError(f"{op}: argument 'bias' must have shape ({co},) to match 'weight' "
+                         f"{tuple(weight.shape)}, got {tuple(bias.shape)}")
+    return PackedConv(tensor.contiguous_array(weight),
+                      None if bias is None else tensor.contiguous_array(bias),
+                      shape, out_shape, geo, spatial, batch_norm is not None, dev,
+                      (stride, padding, dilation, groups))
+
+
+class PackedConv:
+    """A convolution prepared by :func:`conv_pack` for one input shape,
+    dtype and device; pass it as the ``weight`` of the conv fronts.
+
+    Attributes (read them, do not set them): ``input_shape``,
+    ``output_shape``, ``dtype``, ``device``, ``weight`` and ``bias`` (batch
+    norm folded in where ``batch_norm`` is True), ``stride``, ``padding``
+    (the leading pads), ``dilation``, ``groups``, ``batch_norm``.
+    """
+
+    __slots__ = ("weight", "bias", "input_shape", "output_shape", "dtype", "device",
+                 "batch_norm", "_geo", "_spatial", "_args", "_w4", "_b", "_empty", "_kernel")
+
+    def __init__(self, weight, bias, input_shape, output_shape, geo, spatial, batch_norm,
+                 device, args):
+        self.weight, self.bias = weight, bias
+        self.input_shape, self.output_shape = input_shape, output_shape
+        self.dtype, self.device, self.batch_norm = weight.dtype, device, batch_norm
+        self._geo, self._spatial, self._args = geo, spatial, args
+        self._empty = _checks.empty((0,), weight.dtype, device)
+        self._w4 = _as4d(weight, spatial)
+        self._b = self._empty if bias is None else bias
+        self._kernel = None  # the kernel with its algorithm bound, on first use
+
+    @property
+    def stride(self):
+        return (self._geo[5], self._geo[6])[2 - self._spatial:]
+
+    @property
+    def padding(self):
+        return (self._geo[7], self._geo[8])[2 - self._spatial:]
+
+    @property
+    def dilation(self):
+        return (self._geo[9], self._geo[10])[2 - self._spatial:]
+
+    @property
+    def groups(self):
+        return self._geo[13]
+
+    def __repr__(self):
+        bn = ", batch norm folded" if self.batch_norm else ""
+        return (f"PackedConv(weight {tuple(self.weight.shape)}, input {self.input_shape} -> "
+                f"{self.output_shape}, stride {self.stride}, padding {self.padding}, "
+                f"dilation {self.dilation}, groups {self.groups}, {self.dtype}, "
+                f"{self.device}{bn})")
 
 
 # ---------------------------------------------------------------------------
@@ -434,14 +602,80 @@ def _conv(op, spatial, x, weight, bias, wscale, stride, padding, dilation, group
     if dev == CUDA or geo[0] // geo[13] == 1:
         _dispatch.kernel("conv.conv2d", dev)(*args)
     else:
-        c, h, w, kh, kw, sh, sw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6]
-        # both strides in the key: (1, 2) must not share a tuning with (1, 1)
-        stride = sh if sh == sw else f"{sh}x{sw}"
-        _cpu_conv.run((args,), dict(n=int(x.shape[0]), c=c, hw=h * w, co=co, kk=kh * kw,
-                                    stride=stride, groups=geo[13],
-                                    dtype=_DTYPE_NAMES.get(x.dtype) or np.dtype(x.dtype).name),
-                      gpu=False)
+        _cpu_conv.run((args,), _tuning_key(geo, int(x.shape[0]), x.dtype), gpu=False)
     return out, geo
+
+
+def _tuning_key(geo, n, dtype):
+    c, h, w, kh, kw, sh, sw = geo[:7]
+    # both strides in the key: (1, 2) must not share a tuning with (1, 1)
+    return dict(n=n, c=c, hw=h * w, co=geo[14], kk=kh * kw,
+                stride=sh if sh == sw else f"{sh}x{sw}", groups=geo[13],
+                dtype=_DTYPE_NAMES.get(dtype) or np.dtype(dtype).name)
+
+
+def _kernel_for(dev, args, n, dtype):
+    """conv.conv2d's kernel for ``args`` with the algorithm that the
+    autotuner picks for them bound (it tunes here if the shape is new)."""
+    kernel = _dispatch.kernel("conv.conv2d", dev)
+    geo = args[5]
+    if dev == CUDA or geo[0] // geo[13] == 1:  # a single algorithm
+        return kernel
+    return functools.partial(kernel, **_cpu_conv.config_for((args,), _tuning_key(geo, n, dtype),
+                                                            gpu=False))
+
+
+_DEFAULT_GEOMETRY = (1, 0, 1, 1)
+
+
+def _conv_packed(op, pack, x, bias, geometry, activation, out, residual):
+    """One call of a :class:`PackedConv`: ``x``, ``out`` and ``residual``
+    checked against the pack, then its kernel."""
+    if bias is not None:
+        raise ValueError(f"{op}: argument 'bias' must be None with a packed weight (the "
+                         f"pack holds its bias)")
+    x = _checks.array(op, "x", x)
+    if x.dtype != pack.dtype:
+        raise TypeError(f"{op}: 'x' is {x.dtype} but the weight was packed for {pack.dtype}")
+    if tuple(x.shape) != pack.input_shape:
+        raise ValueError(f"{op}: 'x' has shape {tuple(x.shape)} but the weight was packed for "
+                         f"input shape {pack.input_shape} (pack it for this shape with "
+                         f"nbops.conv_pack)")
+    if geometry != _DEFAULT_GEOMETRY:
+        # those given (not left at their defaults) must make the pack's geometry
+        given = tuple(p if g is d else g for g, d, p in zip(geometry, _DEFAULT_GEOMETRY,
+                                                             pack._args))
+        try:
+            same = _geometry(op, pack._spatial, x, pack.weight, *given)[0] == pack._geo
+        except (TypeError, ValueError):
+            same = False
+        if not same:
+            raise ValueError(f"{op}: stride/padding/dilation/groups {given} differ from the "
+                             f"packed weight's ({pack!r}); leave them out")
+    if residual is not None:
+        residual = _checks.array(op, "residual", residual)
+        _checks.same_dtype(op, x=x, residual=residual)
+        if tuple(residual.shape) != pack.output_shape:
+            raise ValueError(f"{op}: argument 'residual' must have the output's shape "
+                             f"{pack.output_shape}, got {tuple(residual.shape)}")
+    dev = _dispatch.resolve_device(op, x=x, out=out, residual=residual)
+    if dev != pack.device:
+        raise TypeError(f"{op}: 'x' is on {dev} but the weight was packed on {pack.device}")
+    out = _checks.output(op, out, pack.output_shape, x.dtype, dev,
+                         {"x": x, "weight": pack.weight, "bias": pack.bias,
+                          "residual": residual})
+    if out.size == 0:
+        return out
+    spatial = pack._spatial
+    rc = pack._empty if residual is None else \
+        _reshape(tensor.contiguous_array(residual), (-1,))
+    args = (_as4d(tensor.contiguous_array(x), spatial), pack._w4, pack._empty, pack._b,
+            _as4d(out, spatial), pack._geo, _ACTS[activation], rc)
+    run = pack._kernel
+    if run is None:
+        run = pack._kernel = _kernel_for(dev, args, int(x.shape[0]), x.dtype)
+    run(*args)
+    return out
 
 
 def _bn_args(op, ref, bias, bn_mean, bn_var, bn_weight, bn_bias, eps, co):
@@ -473,6 +707,18 @@ def _scale_shift(dev, dtype, co, stats, eps):
 
 def _conv_bn(op, x, weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps, stride, padding,
              dilation, groups, activation, out, residual):
+    if type(weight) is PackedConv:
+        given = [k for k, v in (("bias", bias), ("bn_mean", bn_mean), ("bn_var", bn_var),
+                                ("bn_weight", bn_weight), ("bn_bias", bn_bias)) if v is not None]
+        if given:
+            raise ValueError(f"{op}: with a packed weight {', '.join(given)} must be left out "
+                             f"(the pack holds its bias and batch norm folded)")
+        if not weight.batch_norm:
+            raise ValueError(f"{op}: the packed weight has no batch norm folded in (pack it "
+                             f"with nbops.conv_pack(..., batch_norm=(bn_mean, bn_var, "
+                             f"bn_weight, bn_bias)))")
+        return _conv_packed(op, weight, x, None, (stride, padding, dilation, groups),
+                            activation, out, residual)
     weight = _checks.array(op, "weight", weight)
     if weight.ndim not in (3, 4):
         raise ValueError(f"{op}: argument 'weight' must be 4-D (out_channels, "
@@ -522,9 +768,16 @@ def _conv_grads(x, w, grad, geo, spatial, need_x, need_w, need_b):
     return gx, gw, gb
 
 
+def _unpacked(op, w):
+    if type(w) is PackedConv:
+        raise TypeError(f"{op}: no gradient through a packed weight (nbops.conv_pack is for "
+                        f"inference); pass the weight array to differentiate")
+
+
 def _conv_rule(spatial):
     def rule(ctx, grad):
         x, w, b = ctx.inputs[:3]
+        _unpacked("conv2d" if spatial == 2 else "conv1d", w)
         geo, _ = _geometry("backward", spatial, x, w, *ctx.inputs[3:7])
         gx, gw, gb = _conv_grads(x, w, grad, geo, spatial, ctx.needs_input_grad[0],
                                  ctx.needs_input_grad[1], b is not None)
@@ -550,6 +803,7 @@ def _relu_grad(grad, y):
 
 def _conv_relu_rule(ctx, grad):
     x, w, b = ctx.inputs[:3]
+    _unpacked("conv_relu", w)
     spatial = _spatial_of(w)
     geo, _ = _geometry("backward", spatial, x, w, *ctx.inputs[3:7])
     gz = _relu_grad(grad, ctx.output)
@@ -581,6 +835,7 @@ def _fold_chain(w, b, mean, var, gamma, eps, scale, gwf, gbf):
 def _conv_bn_rule(relu):
     def rule(ctx, grad):
         x, w, b, mean, var, gamma, beta, eps = ctx.inputs[:8]
+        _unpacked("conv_bn_relu" if relu else "conv_bn", w)
         spatial = _spatial_of(w)
         geo, _ = _geometry("backward", spatial, x, w, *ctx.inputs[8:12])
         dev = _dispatch.device_of_array(x)

@@ -575,6 +575,101 @@ def test_conv1d_and_fused_errors():
 
 
 # ---------------------------------------------------------------------------
+# Packed weights (conv_pack)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_packed_conv_matches_reference(case, cpu_algo):
+    x, wt, b, kw = _case(case)
+    packed = nbops.conv_pack(wt, b, input_shape=x.shape, **kw)
+    want = _ref(x, wt, b, kw)
+    check(nbops.conv2d(x, packed), want, k=wt[0].size)
+    # the algorithm is resolved on the first call and kept: a second call
+    # runs the kept one, with a residual and the relu in the epilogue
+    r = np.random.default_rng(9).standard_normal(want.shape)
+    check(nbops.conv_relu(x, packed, residual=r), np.maximum(want + r, 0), k=wt[0].size)
+    assert packed.input_shape == x.shape and packed.output_shape == want.shape
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("case", FUSED, ids=["3x3", "1x1-groups", "depthwise"])
+def test_packed_batch_norm_float32_and_devices(device, case):
+    x, wt, b, kw = _case(case, np.float32)
+    stats = _bn(wt.shape[0], np.float32)
+    eps = 1e-3
+    z = ref_bn(_ref(x, wt, b, kw), *stats, eps)
+    dev = [to_dev(a, device) for a in (x, wt, b) + stats]
+    packed = nbops.conv_pack(dev[1], dev[2], input_shape=x.shape, batch_norm=dev[3:],
+                             eps=eps, **kw)
+    assert packed.batch_norm and packed.device == device and packed.dtype == np.float32
+    check(nbops.conv_bn(dev[0], packed), z, np.float32, k=wt[0].size * 4)
+    check(nbops.conv_bn_relu(dev[0], packed), np.maximum(z, 0), np.float32, k=wt[0].size * 4)
+    # the same numbers as the unpacked fused op
+    np.testing.assert_allclose(host(nbops.conv_bn_relu(dev[0], packed)),
+                               host(nbops.conv_bn_relu(*dev, eps=eps, **kw)),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_packed_conv1d_and_out():
+    rng = np.random.default_rng(4)
+    x, w, b = rng.standard_normal((2, 4, 11)), rng.standard_normal((6, 2, 3)), \
+        rng.standard_normal(6)
+    packed = nbops.conv_pack(w, b, input_shape=x.shape, stride=2, padding=1, groups=2)
+    assert packed.stride == (2,) and packed.padding == (1,) and packed.groups == 2
+    out = np.empty(packed.output_shape)
+    got = nbops.conv1d(x, packed, out=out)
+    assert got is out
+    check(out, ref_conv1d(x, w, b, 2, 1, 1, 2), k=6)
+    check(nbops.conv_relu(x, packed), np.maximum(ref_conv1d(x, w, b, 2, 1, 1, 2), 0), k=6)
+
+
+def test_packed_conv_errors():
+    x = np.zeros((1, 4, 5, 5))
+    packed = nbops.conv_pack(W4, input_shape=x.shape, groups=2, padding=1)
+    with pytest.raises(ValueError, match=r"conv2d: 'x' has shape \(2, 4, 5, 5\) but the weight "
+                                         r"was packed for input shape \(1, 4, 5, 5\)"):
+        nbops.conv2d(np.zeros((2, 4, 5, 5)), packed)
+    with pytest.raises(TypeError, match="'x' is float32 but the weight was packed for float64"):
+        nbops.conv2d(x.astype(np.float32), packed)
+    with pytest.raises(ValueError, match="differ from the packed weight's"):
+        nbops.conv2d(x, packed, stride=2)
+    with pytest.raises(ValueError, match="differ from the packed weight's"):
+        nbops.conv_relu(x, packed, dilation=2, padding=2)
+    with pytest.raises(ValueError, match="'bias' must be None with a packed weight"):
+        nbops.conv2d(x, packed, np.zeros(6))
+    with pytest.raises(ValueError, match=r"'residual' must have the output's shape"):
+        nbops.conv2d(x, packed, residual=np.zeros((1, 6, 3, 3)))
+    with pytest.raises(ValueError, match="conv_bn_relu: the packed weight has no batch norm"):
+        nbops.conv_bn_relu(x, packed)
+    c = np.ones(6)
+    bn_packed = nbops.conv_pack(W4, input_shape=x.shape, groups=2, batch_norm=(c, c, c, c))
+    with pytest.raises(ValueError, match="with a packed weight bn_mean, bn_var must be left"):
+        nbops.conv_bn(x, bn_packed, None, c, c)
+    with pytest.raises(TypeError, match="conv_bn: argument 'bn_mean' must be"):
+        nbops.conv_bn(x, W4, groups=2)  # no statistics and no pack
+    with pytest.raises(TypeError, match="'x' is on cuda but the weight was packed on cpu"):
+        nbops.conv2d(to_dev(x, "cuda"), packed)
+    # packing checks what conv2d checks, on the input shape
+    with pytest.raises(ValueError, match=r"conv_pack: 'weight' \(6, 2, 3, 3\) expects 2 input.*'x' has 3"):
+        nbops.conv_pack(W4, input_shape=(1, 3, 5, 5))
+    with pytest.raises(ValueError, match="conv_pack: argument 'x' must be 4-D"):
+        nbops.conv_pack(W4, input_shape=(4, 5, 5), groups=2)
+    with pytest.raises(TypeError, match="'input_shape' must be a tuple of ints"):
+        nbops.conv_pack(W4, input_shape=5, groups=2)
+    with pytest.raises(TypeError, match="'batch_norm' must be a tuple"):
+        nbops.conv_pack(W4, input_shape=x.shape, groups=2, batch_norm=(c, c))
+    with pytest.raises(ValueError, match=r"conv_pack: argument 'bias' must have shape \(6,\)"):
+        nbops.conv_pack(W4, np.zeros(5), input_shape=x.shape, groups=2)
+    with pytest.raises(ValueError, match="conv_pack: argument 'weight' must be 4-D"):
+        nbops.conv_pack(W4[0, 0], input_shape=x.shape)
+    # inference only: no gradient through a pack
+    t = Tensor(x, requires_grad=True)
+    y = nbops.conv2d(t, packed)
+    with pytest.raises(TypeError, match="no gradient through a packed weight"):
+        nbops.sum(y).backward()
+
+
+# ---------------------------------------------------------------------------
 # nn modules and fuse_modules
 
 

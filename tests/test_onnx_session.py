@@ -208,6 +208,96 @@ def test_buffers_are_released_after_their_last_reader():
     assert sess.peak_memory <= 2 * 256 * 1024 * 4
 
 
+def _conv_zoo(batch="N"):
+    """Convolutions of every shape the Conv handler handles: asymmetric pads
+    (padded explicitly), a dilated depthwise one at stride 2, a 1x1 with the
+    residual Add and Relu fused, SAME_UPPER at stride 2 with groups."""
+    inits = {"w1": _w(8, 4, 3, 3), "b1": _w(8), "w2": _w(8, 1, 3, 3), "w3": _w(8, 8, 1, 1),
+             "b3": _w(8), "w4": _w(8, 2, 3, 3)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[0, 1, 1, 0], name="asym"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], group=8, pads=[2, 2, 2, 2],
+                         strides=[2, 2], dilations=[2, 2], name="dw"),
+        helper.make_node("Conv", ["c2", "w3", "b3"], ["c3"], name="pw"),
+        helper.make_node("Add", ["c3", "c2"], ["s"], name="add"),
+        helper.make_node("Relu", ["s"], ["r3"], name="relu3"),
+        helper.make_node("Conv", ["r3", "w4"], ["y"], group=4, strides=[2, 2],
+                         auto_pad="SAME_UPPER", name="same"),
+    ]
+    x = helper.make_tensor_value_info("x", F, [batch, 4, "H", "W"])
+    y = helper.make_tensor_value_info("y", F, [batch, 8, "OH", "OW"])
+    return _model(nodes, [x], [y], inits)
+
+
+def _conv1d_model():
+    inits = {"w": _w(5, 3, 3), "b": _w(5)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 2], strides=[2],
+                              name="c1d"),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    return _model(nodes, [helper.make_tensor_value_info("x", F, ["N", 3, "L"])],
+                  [helper.make_tensor_value_info("y", F, ["N", 5, "OL"])], inits)
+
+
+def _weights_as_inputs(model):
+    """The model with its initializers made graph inputs, and their values
+    as feeds: no weight is a constant, so nothing is folded, fused or packed
+    (the handlers' unpacked path)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    feeds = {}
+    for init in m.graph.initializer:
+        feeds[init.name] = numpy_helper.to_array(init)
+        m.graph.input.append(helper.make_tensor_value_info(init.name, init.data_type,
+                                                           list(init.dims)))
+    del m.graph.initializer[:]
+    return m, feeds
+
+
+@pytest.mark.parametrize("make,shapes", [(_conv_zoo, [(1, 4, 9, 11), (2, 4, 7, 7)]),
+                                         (_resnet_block, [(1, 4, 8, 8), (3, 4, 6, 12)]),
+                                         (_conv1d_model, [(1, 3, 12), (2, 3, 9)])],
+                         ids=["conv-zoo", "resnet-block", "conv1d"])
+def test_packed_convolutions_match_the_unpacked_path(make, shapes):
+    m = make()
+    packed = InferenceSession(m)
+    plain, weights = _weights_as_inputs(m)
+    unpacked = InferenceSession(plain)
+    assert "FusedConv" not in str(unpacked.plan)
+    for shape in shapes:
+        x = RNG.standard_normal(shape).astype(np.float32)
+        for _ in range(2):  # the packs' first run and a later one
+            (y,) = packed.run(None, {"x": x})
+            (ref,) = unpacked.run(None, dict(weights, x=x))
+            np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+    if ort is not None:
+        (want,) = _reference(m, {"x": x})
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
+
+
+def test_weights_are_packed_once_per_session_and_shape(monkeypatch):
+    packs = []
+    real = nbops.conv_pack
+
+    def counting(*args, **kwargs):
+        packs.append(kwargs["input_shape"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(nbops, "conv_pack", counting)
+    sess = InferenceSession(_resnet_block())
+    convs = sum(n.op_type == "FusedConv" for n in sess.plan.nodes)
+    assert convs == 3
+    a, b = (RNG.standard_normal(s).astype(np.float32) for s in [(1, 4, 8, 8), (2, 4, 6, 6)])
+    for _ in range(3):
+        sess.run(None, {"x": a})
+    assert len(packs) == convs  # on the first run, not on the later ones
+    sess.run(None, {"x": b})
+    sess.run(None, {"x": a})
+    sess.run(None, {"x": b})
+    assert len(packs) == 2 * convs  # once more for the new input shape only
+    assert packs.count((2, 4, 6, 6)) == 2  # the two convolutions that read x
+
+
 # ---------------------------------------------------------------------------
 # Bad input: clear errors before any kernel runs
 

@@ -412,67 +412,79 @@ def _conv_pads(attrs, spatial, ksize, strides, dils):
 
 
 def _conv_prepare(node, consts):
+    """A dict of the node's calls per input shape (see :func:`_conv_run`),
+    whose convolutions are packed (:func:`nbops.conv_pack`) when the weight
+    and bias are constants; None (nothing kept) when they are not."""
     w = consts[1] if len(consts) > 1 else None
     if w is not None and w.ndim not in (3, 4):
         _refuse(node, f"a {w.ndim - 2}-D convolution (weight shape {w.shape})")
-    return None
+    if w is None or (len(node.inputs) > 2 and node.inputs[2] and consts[2] is None):
+        return None
+    return {}
 
 
 def _conv_run(node, x, w, b, residual, activation, state):
+    """Runs the node through its call for this input (made on the first run
+    of each shape and kept in ``state``: the attributes read, the pads and
+    the output shape worked out and, for constant weights, the weights packed
+    once per session)."""
+    key = (x.shape, x.dtype, None if residual is None else residual.shape)
+    call = None if state is None else state.get(key)
+    if call is None:
+        call = _conv_call(node, x, w, b, residual, activation, state is not None)
+        if state is not None:
+            state[key] = call
+    return call(x, w, b, residual)
+
+
+def _conv_call(node, x, w, b, residual, activation, packed):
+    """``call(x, w, b, residual)`` running the node on inputs of ``x``'s
+    shape and dtype (and ``residual``'s shape); ``packed``: ``w`` and ``b``
+    are the node's constants, packed here and not read again."""
     a = node.attrs
     if x.ndim not in (3, 4) or w.ndim != x.ndim:
         _refuse(node, f"a convolution of a {x.ndim}-D input")
     r = x.ndim - 2
     strides = a.get("strides") or [1] * r
     dils = a.get("dilations") or [1] * r
-    group = int(a.get("group", 1))
-    ksize = list(w.shape[2:])
     _check_window(node, r, strides=strides, dilations=dils, pads=a.get("pads") or [0] * (2 * r))
-    pads = _conv_pads(a, x.shape[2:], ksize, strides, dils)
-    if r == 1:
-        # 1-D as 2-D with a unit height
-        x = nbops.reshape(x, x.shape[:2] + (1,) + x.shape[2:]) if _on_device(x) else \
-            x.reshape(x.shape[:2] + (1,) + x.shape[2:])
-        w = nbops.reshape(w, w.shape[:2] + (1,) + w.shape[2:]) if _on_device(w) else \
-            w.reshape(w.shape[:2] + (1,) + w.shape[2:])
-        strides, dils, pads = [1] + list(strides), [1] + list(dils), [(0, 0)] + list(pads)
-        if residual is not None:
-            residual = residual.reshape(residual.shape[:2] + (1,) + residual.shape[2:]) \
-                if not _on_device(residual) else nbops.reshape(
-                    residual, residual.shape[:2] + (1,) + residual.shape[2:])
-    if all(p0 == p1 for p0, p1 in pads):
-        padding = tuple(p0 for p0, _ in pads)
-    else:
-        # asymmetric padding: zero-padded explicitly, then a valid convolution
-        xh = nbops.to_host(x) if _on_device(x) else x
-        xh = np.pad(xh, [(0, 0), (0, 0)] + [tuple(p) for p in pads])
-        x = _to_dev(xh) if _on_device(x) else xh
-        padding = (0, 0)
-    weight = w
-    kw = dict(stride=tuple(strides), padding=padding, dilation=tuple(dils), groups=group)
-    out_shape = _conv_out_shape(x.shape, w.shape, kw)
+    pads = _conv_pads(a, x.shape[2:], list(w.shape[2:]), strides, dils)
+    # asymmetric padding: zero-padded explicitly, then a valid convolution
+    pad_width = None if all(p0 == p1 for p0, p1 in pads) else \
+        [(0, 0), (0, 0)] + [tuple(p) for p in pads]
+    kw = dict(stride=tuple(strides), padding=tuple(0 if pad_width else p0 for p0, _ in pads),
+              dilation=tuple(dils), groups=int(a.get("group", 1)))
+    in_shape = tuple(x.shape) if pad_width is None else \
+        tuple(s + p0 + p1 for s, (p0, p1) in zip(x.shape, pad_width))
+    out_shape = in_shape[:1] + (w.shape[0],) + tuple(
+        (in_shape[2 + i] + 2 * kw["padding"][i] - dils[i] * (w.shape[2 + i] - 1) - 1)
+        // strides[i] + 1 for i in range(r))
     fused_res = residual is not None and tuple(residual.shape) == out_shape and \
         residual.dtype == x.dtype
-    fn = nbops.conv_relu if activation == "relu" and (fused_res or residual is None) \
-        else nbops.conv2d
-    y = fn(x, weight, b, residual=residual if fused_res else None, **kw)
-    if residual is not None and not fused_res:
-        y = nbops.add(y, residual)
-        if activation == "relu":
+    relu = activation == "relu"
+    fn = nbops.conv_relu if relu and (fused_res or residual is None) else \
+        (nbops.conv2d if r == 2 else nbops.conv1d)
+    if packed:
+        pack = nbops.conv_pack(w, b, input_shape=in_shape, **kw)
+        conv = lambda x, w, b, res: fn(x, pack, residual=res)  # noqa: E731
+    else:
+        conv = lambda x, w, b, res: fn(x, w, b, residual=res, **kw)  # noqa: E731
+    if pad_width is None and (fused_res or residual is None) and (fn is nbops.conv_relu
+                                                                  or not relu):
+        return conv  # the kernel does it all
+
+    def call(x, w, b, residual):
+        if pad_width is not None:
+            x = _to_dev(np.pad(nbops.to_host(x), pad_width)) if _on_device(x) else \
+                np.pad(x, pad_width)
+        y = conv(x, w, b, residual if fused_res else None)
+        if residual is not None and not fused_res:
+            y = nbops.add(y, residual)
+        if relu and fn is not nbops.conv_relu:
             y = nbops.relu(y)
-    elif activation == "relu" and fn is nbops.conv2d:
-        y = nbops.relu(y)
-    if r == 1:
-        y = nbops.reshape(y, y.shape[:2] + y.shape[3:]) if _on_device(y) else \
-            y.reshape(y.shape[:2] + y.shape[3:])
-    return y
+        return y
 
-
-def _conv_out_shape(xs, ws, kw):
-    (sh, sw), (ph, pw), (dh, dw) = kw["stride"], kw["padding"], kw["dilation"]
-    oh = (xs[2] + 2 * ph - dh * (ws[2] - 1) - 1) // sh + 1
-    ow = (xs[3] + 2 * pw - dw * (ws[3] - 1) - 1) // sw + 1
-    return (xs[0], ws[0], oh, ow)
+    return call
 
 
 @onnx_op("Conv", since=1, prepare=_conv_prepare, dtypes=FLOAT)

@@ -47,6 +47,7 @@ with Shape nodes of known shapes folded and the fold pass rerun, each
 value's last reader (so its buffer is released right after), and the steps.
 """
 
+import functools
 import itertools
 
 import numpy as np
@@ -805,9 +806,17 @@ def prepare_node(node, graph, cache=None):
 
 
 class Plan:
-    """What one input-shape set runs: ``steps`` of ``(node, input names)``,
-    ``release[i]`` the values whose last reader is step ``i``, and the
-    graph (after shape folding) it came from."""
+    """What one input-shape set runs: ``steps`` (the nodes), ``release[i]``
+    the values whose last reader is step ``i``, and the graph (after shape
+    folding) it came from.
+
+    For the run loop the names are compiled away: every value has a slot
+    in a list (slot 0 is None, read for omitted optional inputs),
+    ``initial`` holds the constants in theirs, ``feeds`` pairs each input
+    name with its slot, ``results`` maps each graph output name to its
+    slot, and ``program`` holds per step ``(fn, input slots, output slots,
+    slots to release)`` where ``fn(*inputs)`` is the node's handler with
+    its node (and ``state=``) bound."""
 
     def __init__(self, graph, log):
         self.graph = graph
@@ -828,6 +837,39 @@ class Plan:
             for o in n.outputs:
                 if o and o not in last and o not in keep:
                     self.release[i].append(o)
+        self._compile()
+
+    def _compile(self):
+        graph = self.graph
+        slots = {"": 0}
+
+        def slot(name):
+            return slots.setdefault(name, len(slots))
+
+        for name in graph.consts:
+            slot(name)
+        self.feeds = tuple((v.name, slot(v.name)) for v in graph.inputs)
+        program = []
+        for i, n in enumerate(self.steps):
+            ins = tuple(slot(name) for name in n.inputs)
+            # an omitted output gets a slot of its own, released at once
+            outs = tuple(slot(o or f"\0{i}.{k}") for k, o in enumerate(n.outputs))
+            dropped = [o for k, o in enumerate(outs) if not n.outputs[k]]
+            rel = tuple(slot(name) for name in self.release[i]) + tuple(dropped)
+            program.append((bound_handler(n), ins, outs, rel))
+        self.program = tuple(program)
+        self.results = {name: slot(value) for name, value in graph.aliases.items()}
+        self.initial = [None] * len(slots)
+        for name, value in graph.consts.items():
+            self.initial[slots[name]] = value
+
+
+def bound_handler(node):
+    """``fn(*inputs)``: the node's handler with the node (and its prepared
+    ``state=``) bound; returns what the handler returns."""
+    if node.spec.prepare is not None:
+        return functools.partial(node.spec.run, node, state=node.state)
+    return functools.partial(node.spec.run, node)
 
 
 def fold_shapes(graph, shapes):

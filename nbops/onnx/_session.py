@@ -175,7 +175,8 @@ class InferenceSession:
             raise ValueError(f"InferenceSession: threads must be an int >= 1, got "
                              f"{threads!r}")
         self._device = device
-        self._threads = threads
+        # validated here: runs set it without nbops.set_num_threads's checks
+        self._threads = None if threads is None else min(threads, _max_threads())
         proto = _load_model(model)
         self._model = _check(proto)
         self._meta = ModelMeta(proto)
@@ -233,17 +234,18 @@ class InferenceSession:
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = self._make_plan(feeds)
-        import nbops
+        if self._threads is None:
+            return self._execute(plan, feeds, names)
+        import numba
 
-        old = None
-        if self._threads is not None:
-            old = nbops.get_num_threads()
-            nbops.set_num_threads(min(self._threads, _max_threads()))
+        old = numba.get_num_threads()
+        if old == self._threads:
+            return self._execute(plan, feeds, names)
+        numba.set_num_threads(self._threads)
         try:
             return self._execute(plan, feeds, names)
         finally:
-            if old is not None:
-                nbops.set_num_threads(old)
+            numba.set_num_threads(old)
 
     # -- internals ---------------------------------------------------------
 
@@ -337,35 +339,42 @@ class InferenceSession:
         import nbops
 
         t0 = time.perf_counter()
-        env = dict(plan.graph.consts)
-        if self._device == "cuda":
-            for k, v in feeds.items():
-                env[k] = nbops.to_device(np.ascontiguousarray(v)) \
-                    if v.dtype in (np.float32, np.float64) else v
-        else:
-            env.update(feeds)
-        live, peak = {}, 0
-        for i, node in enumerate(plan.steps):
-            args = [env[name] if name else None for name in node.inputs]
-            outs = _planner.run_node(node, args)
-            for name, val in zip(node.outputs, outs):
-                if name:
-                    env[name] = val
-                    live[name] = _owned_bytes(val)
-            now = sum(live.values())
-            peak = max(peak, now)
-            for name in plan.release[i]:
-                env.pop(name, None)
-                live.pop(name, None)
+        vals = plan.initial.copy()
+        cuda = self._device == "cuda"
+        for name, slot in plan.feeds:
+            v = feeds[name]
+            if cuda and v.dtype in (np.float32, np.float64):
+                v = nbops.to_device(np.ascontiguousarray(v))
+            vals[slot] = v
+        # bytes each slot's value holds, their running total and its peak
+        owned = [0] * len(vals)
+        held = peak = 0
+        for fn, ins, outs, rel in plan.program:
+            res = fn(*[vals[i] for i in ins])
+            if type(res) is not tuple:
+                res = (res,)
+            for slot, v in zip(outs, res):
+                if isinstance(v, np.generic):
+                    # NumPy reductions and takes of 0-d results give scalars
+                    v = np.asarray(v)
+                vals[slot] = v
+                held += (b := _owned_bytes(v)) - owned[slot]
+                owned[slot] = b
+            if held > peak:
+                peak = held
+            for slot in rel:
+                held -= owned[slot]
+                owned[slot] = 0
+                vals[slot] = None
         results = []
         for name in names:
-            val = env[plan.graph.aliases.get(name, name)]
+            val = vals[plan.results[name]]
             if not isinstance(val, np.ndarray):
                 val = nbops.to_host(val) if hasattr(val, "__cuda_array_interface__") else \
                     np.asarray(val)
             results.append(val)
         self.last_run = {"seconds": time.perf_counter() - t0, "peak_bytes": peak,
-                         "steps": len(plan.steps)}
+                         "steps": len(plan.program)}
         return results
 
     @property
