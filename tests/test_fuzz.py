@@ -399,3 +399,11 @@ def test_dtype_arguments_numpy_cannot_read_are_refused_by_name():
 def test_sizes_set_by_parameters_checked_by_name(call, op):
     with pytest.raises(ValueError, match=f"{op}: the output of shape .* takes"):
         call()
+
+
+def test_qlinear_matmul_refuses_a_per_column_1d_qb():
+    # a 1-D qb's only axis is k: with k == 1 it ran, else NumPy's broadcast error
+    qa = nbops.quant.QTensor(np.ones((2, 3), np.int8), 0.1, 0)
+    qb = nbops.quant.QTensor(np.ones(3, np.int8), np.full(3, 0.1), np.zeros(3, np.int32), axis=0)
+    with pytest.raises(ValueError, match="quant.matmul: a 1-D 'qb' is a single column"):
+        nbops.quant.matmul(qa, qb, 0.1, 0)

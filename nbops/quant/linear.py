@@ -159,6 +159,11 @@ def matmul(qa, qb, out_scale, out_zero_point, out_dtype=None, requant="fixed"):
     if qb.axis is not None and qb.axis != qb.ndim - 1:
         raise ValueError(f"{op}: argument 'qb' may be quantized per column (axis "
                          f"{qb.ndim - 1}), got axis {qb.axis}")
+    if qb.axis is not None and qb.ndim == 1:
+        # a 1-D qb is one column: its only axis is the reduction's
+        raise ValueError(f"{op}: a 1-D 'qb' is a single column; its parameters along axis 0 "
+                         f"would scale the reduction axis k, not columns: quantize it per "
+                         f"tensor or pass it as shape ({qb.shape[0]}, 1)")
     dev = _dispatch.resolve_device(op, qa=qa.values, qb=qb.values)
     a2, b2, batch, m, k, n = _matmul_shapes(op, qa.values, qb.values)
     za = np.full(m, qa.zero_point, np.int32)
