@@ -407,3 +407,10 @@ def test_qlinear_matmul_refuses_a_per_column_1d_qb():
     qb = nbops.quant.QTensor(np.ones(3, np.int8), np.full(3, 0.1), np.zeros(3, np.int32), axis=0)
     with pytest.raises(ValueError, match="quant.matmul: a 1-D 'qb' is a single column"):
         nbops.quant.matmul(qa, qb, 0.1, 0)
+
+
+def test_quant_gemm_output_sizes_refused_by_name():
+    qx = nbops.quant.QTensor(np.zeros((1, 1, 3, 3), np.uint8), 1.0, 0)
+    qw = nbops.quant.QTensor(np.ones((1, 1, 2, 2), np.int8), 1.0, 0)
+    with pytest.raises(ValueError, match="quant.conv2d: the output of shape"):
+        nbops.quant.conv2d(qx, qw, padding=10 ** 9)

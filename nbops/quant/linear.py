@@ -172,7 +172,7 @@ def matmul(qa, qb, out_scale, out_zero_point, out_dtype=None, requant="fixed"):
     odt, s_out, z_out = _out_params(op, out_scale, out_zero_point, out_dtype, qa.dtype)
     _choice(op, "requant", requant, _REQUANT)
     shape = batch + ((m,) if qa.ndim > 1 else ()) + ((n,) if qb.ndim > 1 else ())
-    out = _checks.empty(shape, odt, dev)
+    out = _checks.empty(shape, odt, dev, op)
     nb = int(np.prod(batch)) if batch else 1
     scales = np.float32(qa.scale) * _per(qb.scale, n, np.float32)
     epi = _epilogue(requant, scales, None, s_out, z_out, odt, None, m, n)
@@ -254,13 +254,13 @@ def linear(x, w, bias=None, out_scale=None, out_zero_point=None, out_dtype=None,
     if out_scale is None and out_zero_point is None:
         if out_dtype is not None:
             raise ValueError(f"{op}: 'out_dtype' needs 'out_scale' and 'out_zero_point'")
-        out = _checks.empty(lead + (n,), np.float32, dev)
+        out = _checks.empty(lead + (n,), np.float32, dev, op)
         epi = _epilogue("dequant", scales, None, None, 0, 0, bias, m, n)
         res = out
     else:
         odt, s_out, z_out = _out_params(op, out_scale, out_zero_point, out_dtype, x.dtype)
         _choice(op, "requant", requant, _REQUANT)
-        out = _checks.empty(lead + (n,), odt, dev)
+        out = _checks.empty(lead + (n,), odt, dev, op)
         epi = _epilogue(requant, scales, None, s_out, z_out, odt, bias, m, n)
         res = QTensor(out, s_out, z_out)
         out = _bytes(out)
@@ -335,7 +335,7 @@ def linear_dynamic(x, w, bias=None):
     za = np.full(m, zp, np.int32)
     _check_acc(op, k, np.dtype(np.uint8), za, pw.qweight.dtype, pw.zp)
     scales = np.float32(qx.scale) * _per(pw.qweight.scale, n, np.float32)
-    out = _checks.empty(tuple(x.shape)[:-1] + (n,), np.float32, dev)
+    out = _checks.empty(tuple(x.shape)[:-1] + (n,), np.float32, dev, op)
     epi = _epilogue("dequant", scales, bias, None, 0, 0, None, m, n)
     _product(dev, _rows(qx.values, m, k), za, pw.operand(), pw.zp, (), _view3(out, 1, m, n),
              m, n, k, epi)
@@ -425,13 +425,13 @@ def conv2d(qx, qw, bias=None, stride=1, padding=0, dilation=1, groups=1, out_sca
     if out_scale is None and out_zero_point is None:
         if out_dtype is not None:
             raise ValueError(f"{op}: 'out_dtype' needs 'out_scale' and 'out_zero_point'")
-        out = _checks.empty((nimg, oc, oh, ow), np.float32, dev)
+        out = _checks.empty((nimg, oc, oh, ow), np.float32, dev, op)
         epi = _epilogue("dequant", scales, None, None, 0, 0, bias, oc, oh * ow, per_row=True)
         res = out
     else:
         odt, s_out, z_out = _out_params(op, out_scale, out_zero_point, out_dtype, qx.dtype)
         _choice(op, "requant", requant, _REQUANT)
-        out = _checks.empty((nimg, oc, oh, ow), odt, dev)
+        out = _checks.empty((nimg, oc, oh, ow), odt, dev, op)
         epi = _epilogue(requant, scales, None, s_out, z_out, odt, bias, oc, oh * ow,
                         per_row=True)
         res = QTensor(out, s_out, z_out)
