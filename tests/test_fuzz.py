@@ -414,3 +414,15 @@ def test_quant_gemm_output_sizes_refused_by_name():
     qw = nbops.quant.QTensor(np.ones((1, 1, 2, 2), np.int8), 1.0, 0)
     with pytest.raises(ValueError, match="quant.conv2d: the output of shape"):
         nbops.quant.conv2d(qx, qw, padding=10 ** 9)
+
+
+def test_quant_average_pools_size_the_output_first_and_name_themselves():
+    q = nbops.quant.QTensor(np.zeros((1, 1, 2, 2), np.int8), 0.1, 0)
+    # the per-window tables (8 TB here) were built before the output was sized
+    with pytest.raises(ValueError, match="quant.adaptive_avg_pool2d: the output of shape"):
+        nbops.quant.adaptive_avg_pool2d(q, (10 ** 6, 10 ** 6))
+    empty = nbops.quant.QTensor(np.zeros((0, 1, 2, 2), np.int8), 0.1, 0)
+    assert nbops.quant.adaptive_avg_pool2d(empty, (10 ** 6, 10 ** 6)).shape == (0, 1, 10 ** 6,
+                                                                               10 ** 6)
+    with pytest.raises(ValueError, match="quant.global_avg_pool2d: argument 'requant'"):
+        nbops.quant.global_avg_pool2d(q, requant="round")

@@ -474,32 +474,8 @@ def adaptive_avg_pool2d(q, output_size, scale=None, zero_point=None, requant="fi
     >>> nbops.quant.adaptive_avg_pool2d(q, 1).int_repr().ravel()   # 7.5 rounds away
     array([8], dtype=int8)
     """
-    op = "quant.adaptive_avg_pool2d"
-    q = _qtensor(op, "q", q, per_tensor=True)
-    _need_nchw(op, q)
-    oh, ow = _pair(op, "output_size", output_size, 1)
-    _checks.choice(op, "requant", requant, REQUANT_MODES)
-    n, c, h, w = q.shape
-    if h == 0 or w == 0:
-        raise ValueError(f"{op}: the input's spatial size is {h}x{w}; nothing to average")
-    qmin, qmax = QTYPES[q.dtype]
-    so = q.scale if scale is None else _check_scalar_scale(op, "scale", scale)
-    zo = q.zero_point if zero_point is None else _check_scalar_zero_point(
-        op, "zero_point", zero_point, qmin, qmax, q.dtype)
-    i, j = np.arange(oh), np.arange(ow)
-    rows = -((-(i + 1) * h) // oh) - (i * h) // oh
-    cols = -((-(j + 1) * w) // ow) - (j * w) // ow
-    counts = (rows[:, None] * cols[None, :]).reshape(-1)
-    if counts.max() >= 1 << 23:
-        raise ValueError(f"{op}: windows of {counts.max()} elements could overflow the int32 "
-                         "sum (limit 2**23 - 1); pool in two stages")
-    fscale = q.scale / (so * counts.astype(np.float64))
-    mult, shift = _multipliers(fscale)
-    values = _contiguous(op, "q", q.values, q.device)
-    out = _checks.empty((n, c, oh, ow), q.dtype, q.device, op)
-    _dispatch.kernel("quant.adaptive_avg_pool2d", q.device)(
-        values, out, q.zero_point, zo, qmin, qmax, mult, shift, fscale, requant == "fixed")
-    return QTensor(out, so, zo)
+    return _adaptive_avg("quant.adaptive_avg_pool2d", q, output_size, scale, zero_point,
+                         requant)
 
 
 @operator("quant.global_avg_pool2d")
@@ -518,7 +494,40 @@ def global_avg_pool2d(q, scale=None, zero_point=None, requant="fixed"):
     >>> nbops.quant.global_avg_pool2d(q).int_repr().shape
     (2, 3, 1, 1)
     """
-    return adaptive_avg_pool2d.front(q, 1, scale, zero_point, requant)
+    return _adaptive_avg("quant.global_avg_pool2d", q, 1, scale, zero_point, requant)
+
+
+def _adaptive_avg(op, q, output_size, scale, zero_point, requant):
+    """Both average pools, their errors naming ``op``."""
+    q = _qtensor(op, "q", q, per_tensor=True)
+    _need_nchw(op, q)
+    oh, ow = _pair(op, "output_size", output_size, 1)
+    _checks.choice(op, "requant", requant, REQUANT_MODES)
+    n, c, h, w = q.shape
+    if h == 0 or w == 0:
+        raise ValueError(f"{op}: the input's spatial size is {h}x{w}; nothing to average")
+    qmin, qmax = QTYPES[q.dtype]
+    so = q.scale if scale is None else _check_scalar_scale(op, "scale", scale)
+    zo = q.zero_point if zero_point is None else _check_scalar_zero_point(
+        op, "zero_point", zero_point, qmin, qmax, q.dtype)
+    # the output is sized (and refused by name) before the per-window tables
+    # below, which hold oh * ow entries whatever the batch
+    out = _checks.empty((n, c, oh, ow), q.dtype, q.device, op)
+    if out.size == 0:
+        return QTensor(out, so, zo)
+    i, j = np.arange(oh), np.arange(ow)
+    rows = -((-(i + 1) * h) // oh) - (i * h) // oh
+    cols = -((-(j + 1) * w) // ow) - (j * w) // ow
+    counts = (rows[:, None] * cols[None, :]).reshape(-1)
+    if counts.max() >= 1 << 23:
+        raise ValueError(f"{op}: windows of {counts.max()} elements could overflow the int32 "
+                         "sum (limit 2**23 - 1); pool in two stages")
+    fscale = q.scale / (so * counts.astype(np.float64))
+    mult, shift = _multipliers(fscale)
+    values = _contiguous(op, "q", q.values, q.device)
+    _dispatch.kernel("quant.adaptive_avg_pool2d", q.device)(
+        values, out, q.zero_point, zo, qmin, qmax, mult, shift, fscale, requant == "fixed")
+    return QTensor(out, so, zo)
 
 
 # ---------------------------------------------------------------------------
@@ -538,8 +547,12 @@ from .model import QConfig, convert, default_qconfig, prepare, quantize_dynamic 
 
 
 def _multipliers(reals):
-    pairs = [quantize_multiplier(r) for r in reals]
-    return (np.array([m for m, _ in pairs], np.int32), np.array([s for _, s in pairs], np.int32))
+    # one Python call per distinct value (adaptive windows have at most four
+    # sizes), not per window
+    distinct, where = np.unique(reals, return_inverse=True)
+    pairs = [quantize_multiplier(r) for r in distinct]
+    return (np.array([m for m, _ in pairs], np.int32)[where],
+            np.array([s for _, s in pairs], np.int32)[where])
 
 
 def _is_dtype(d):
