@@ -426,3 +426,10 @@ def test_quant_average_pools_size_the_output_first_and_name_themselves():
                                                                                10 ** 6)
     with pytest.raises(ValueError, match="quant.global_avg_pool2d: argument 'requant'"):
         nbops.quant.global_avg_pool2d(q, requant="round")
+
+
+@pytest.mark.parametrize("encoder", [nbops.neuromorphic.rate, nbops.neuromorphic.latency])
+def test_spike_encoders_refuse_dtypes_numpy_cannot_read(encoder):
+    # np.dtype("f4x") fails; the None left in its place equalled float64
+    with pytest.raises(TypeError, match=f"{encoder.__name__}: argument 'dtype' must be one of"):
+        encoder(np.ones(3), 4, dtype="f4x")

@@ -46,7 +46,8 @@ def _storage(op, dtype, allowed=_SPIKE_STORAGE):
         d = np.dtype(dtype)
     except TypeError:
         d = None
-    if d not in allowed:
+    # not `d not in allowed` alone: NumPy's float64 == None is True
+    if d is None or d not in allowed:
         raise TypeError(f"{op}: argument 'dtype' must be one of "
                         f"{', '.join(a.name for a in allowed)}, got {dtype!r}")
     return d
