@@ -208,6 +208,37 @@ def test_buffers_are_released_after_their_last_reader():
     assert sess.peak_memory <= 2 * 256 * 1024 * 4
 
 
+def test_per_channel_affine_folds_into_conv_and_batch_norm():
+    # Caffe2's DenseNet: Conv, Mul, Add, Relu and BatchNormalization, Mul, Add;
+    # a Mul varying along W is not per channel and stays
+    c = 6
+    inits = {"w": _w(c, 3, 3, 3), "s": _w(c, 1, 1), "t": _w(1, c, 1, 1),
+             "g": np.abs(_w(c)) + 0.5, "be": _w(c), "mu": _w(c), "var": np.abs(_w(c)) + 0.5,
+             "s2": _w(c, 1, 1), "t2": _w(c, 1, 1), "row": _w(1, 1, 1, 8)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("Mul", ["c", "s"], ["m"], name="mul"),
+        helper.make_node("Add", ["t", "m"], ["a"], name="add"),
+        helper.make_node("Relu", ["a"], ["r"], name="relu"),
+        helper.make_node("BatchNormalization", ["r", "g", "be", "mu", "var"], ["n"],
+                         name="bn"),
+        helper.make_node("Mul", ["n", "s2"], ["m2"], name="mul2"),
+        helper.make_node("Add", ["m2", "t2"], ["a2"], name="add2"),
+        helper.make_node("Mul", ["a2", "row"], ["y"], name="rowmul"),
+    ]
+    m = _model(nodes, [helper.make_tensor_value_info("x", F, ["N", 3, 8, 8])],
+               [helper.make_tensor_value_info("y", F, ["N", c, 8, 8])], inits)
+    sess = InferenceSession(m)
+    text = str(sess.plan)
+    assert "FusedConv 'conv' + Mul 'mul' + Add 'add' + Relu 'relu' -> FusedConv" in text
+    assert "BatchNormalization 'bn' + Mul 'mul2' + Add 'add2' -> BatchNormalization" in text
+    assert [n.op_type for n in sess.plan.nodes] == ["FusedConv", "BatchNormalization", "Mul"]
+    x = RNG.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    (y,) = sess.run(None, {"x": x})
+    np.testing.assert_allclose(y, _reference(m, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(y, _unplanned(m, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
 def _conv_zoo(batch="N"):
     """Convolutions of every shape the Conv handler handles: asymmetric pads
     (padded explicitly), a dilated depthwise one at stride 2, a 1x1 with the

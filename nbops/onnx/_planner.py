@@ -18,6 +18,11 @@ function ``fn(graph) -> list[str]`` returning one line per rewrite it made
   with its epilogue) and Gemm / MatMul-with-a-constant-2-D-weight [+ Add of
   a constant bias] [+ an activation] into ``ai.nbops.FusedLinear``
   (:func:`nbops.linear`'s epilogue);
+* ``45`` a per-channel affine after a convolution or batch norm (``Mul``
+  by, then ``Add`` of, constants of one value per channel, as Caffe2's
+  converter writes DenseNet's batch norms) folded into the FusedConv's
+  weights and bias (a following Relu into its epilogue) or into the
+  BatchNormalization's scale and bias;
 * ``50`` the residual Add after a FusedConv (``relu(conv(x) + r)``) into the
   conv's epilogue (``residual=``);
 * ``35`` recognise LayerNorm (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt,
@@ -194,12 +199,14 @@ class Graph:
         self.opsets = opsets
         self.dtypes = dtypes            # value name -> NumPy dtype, where known
         self.aliases = dict(aliases or {})   # graph output name -> value computing it
+        self.ranks = {}                 # value name -> rank, where shape inference knew it
         self._counter = itertools.count()
 
     def copy(self):
         g = Graph(list(self.nodes), dict(self.consts), self.inputs, self.outputs, self.opsets,
                   self.dtypes, self.aliases)
         g._counter = self._counter
+        g.ranks = self.ranks
         return g
 
     def fresh(self, stem):
@@ -268,11 +275,13 @@ def parse(model):
             raise UnsupportedModelError(
                 f"nbops.onnx: graph value {vi.name!r} is of type {kind} (only tensors are "
                 f"supported)")
-    dtypes = {}
+    dtypes, ranks = {}, {}
     for vi in itertools.chain(g.input, g.output, g.value_info):
         dt = np_dtype(vi.type.tensor_type.elem_type)
         if dt is not None:
             dtypes[vi.name] = dt
+        if vi.type.tensor_type.HasField("shape"):
+            ranks[vi.name] = len(vi.type.tensor_type.shape.dim)
     for name, arr in consts.items():
         dtypes[name] = arr.dtype
     inputs = [value_info(vi) for vi in g.input if vi.name not in consts]
@@ -291,8 +300,10 @@ def parse(model):
         node.spec = lookup(p.op_type, dom, opsets[dom], name)
         _check_dtype(node)
         nodes.append(node)
-    return Graph(nodes, consts, inputs, outputs, opsets, dtypes,
-                 {o.name: o.name for o in outputs})
+    graph = Graph(nodes, consts, inputs, outputs, opsets, dtypes,
+                  {o.name: o.name for o in outputs})
+    graph.ranks = ranks
+    return graph
 
 
 def _check_dtype(node):
@@ -586,6 +597,95 @@ def _as_linear(graph, n):
     return None
 
 
+def _fold_affine(graph):
+    """FusedConv (no activation or residual yet) or BatchNormalization ->
+    [Mul by a per-channel constant] -> [Add of one] (at least one of them),
+    folded into the convolution's weights and bias (and a Relu after them
+    into its epilogue) or into the batch norm's scale and bias."""
+    log = []
+    counts = graph.use_count()
+    consumers = graph.consumers()
+    drop = set()
+    for n in graph.nodes:
+        if id(n) in drop:
+            continue
+        conv = n.op_type == "FusedConv" and n.domain == NBOPS_DOMAIN and \
+            n.attrs.get("activation") is None and len(n.inputs) <= 3
+        bn = n.op_type == "BatchNormalization" and n.domain == "" and \
+            all(i in graph.consts for i in n.inputs[1:5]) and len(n.outputs) == 1
+        if not (conv or bn):
+            continue
+        ref = graph.consts[n.inputs[1]]
+        channels = ref.shape[0]
+        rank = ref.ndim if conv else graph.ranks.get(n.inputs[0])
+        scale = shift = None
+        out, chain = n.outputs[0], []
+        for op in ("Mul", "Add"):
+            nxt = _only_reader(graph, out, counts, consumers)
+            if nxt is None or nxt.op_type != op or nxt.domain != "" or len(nxt.inputs) != 2:
+                continue
+            other = nxt.inputs[1] if nxt.inputs[0] == out else nxt.inputs[0]
+            vec = _per_channel(graph.consts.get(other), channels, rank, ref.dtype)
+            if vec is None:
+                break
+            if op == "Mul":
+                scale = vec
+            else:
+                shift = vec
+            out = nxt.outputs[0]
+            chain.append(nxt)
+        if not chain:
+            continue
+        one = np.ones(channels)
+        s = one if scale is None else scale
+        t = np.zeros(channels) if shift is None else shift
+        if conv:
+            w = graph.consts[n.inputs[1]]
+            b = graph.consts[n.inputs[2]] if len(n.inputs) > 2 and n.inputs[2] else \
+                np.zeros(channels, w.dtype)
+            new = {"w": w * s.reshape((-1,) + (1,) * (w.ndim - 1)), "b": b * s + t}
+            names = ("w", "b")
+        else:
+            gamma, beta = graph.consts[n.inputs[1]], graph.consts[n.inputs[2]]
+            new = {"scale": gamma * s, "bias": beta * s + t}
+            names = ("scale", "bias")
+        fresh = []
+        for key in names:
+            name = graph.fresh(key)
+            graph.consts[name] = np.ascontiguousarray(new[key].astype(ref.dtype))
+            graph.dtypes[name] = ref.dtype
+            fresh.append(name)
+        n.inputs = [n.inputs[0]] + fresh + list(n.inputs[3:] if bn else [])
+        if conv:
+            n.input_dtypes = (list(n.input_dtypes) + [ref.dtype] * 3)[:3]
+            relu = _only_reader(graph, out, counts, consumers)
+            if relu is not None and relu.op_type == "Relu" and relu.domain == "":
+                n.attrs = dict(n.attrs, activation="relu")
+                out = relu.outputs[0]
+                chain.append(relu)
+        n.outputs = [out]
+        n.fused = n.fused + [f for m in chain for f in m.fused]
+        drop.update(id(m) for m in chain)
+        log.append(" + ".join([f"{n.op_type} {n.name!r}"] + [f"{m.op_type} {m.name!r}"
+                                                              for m in chain])
+                   + (" -> FusedConv" if conv else " -> BatchNormalization"))
+    graph.nodes = [m for m in graph.nodes if id(m) not in drop]
+    return log
+
+
+def _per_channel(c, channels, rank, dtype):
+    """``c`` (a constant) as one float64 value per channel where it
+    broadcasts over a (N, channels, ...) value of ``rank`` dims that way,
+    else None."""
+    if c is None or rank is None or c.dtype != dtype or c.ndim > rank:
+        return None
+    shape = (1,) * (rank - c.ndim) + tuple(c.shape)
+    if shape[0] != 1 or shape[1] not in (1, channels) or any(d != 1 for d in shape[2:]):
+        return None
+    return np.broadcast_to(c.astype(np.float64).reshape(-1), (channels,)).copy() \
+        if c.size == 1 else c.astype(np.float64).reshape(-1)
+
+
 def _fuse_residual(graph):
     """FusedConv -> Add(other) [-> Relu] -> FusedConv(residual=other)."""
     log = []
@@ -782,6 +882,7 @@ register_pass(_eliminate_identity, 10, "identity")
 register_pass(fold_constants, 20, "fold")
 register_pass(_fold_batch_norm, 30, "batch_norm")
 register_pass(_fuse_ops, 40, "fuse")
+register_pass(_fold_affine, 45, "affine")
 register_pass(_fuse_residual, 50, "residual")
 register_pass(_recognise_subgraphs, 35, "subgraphs")
 
