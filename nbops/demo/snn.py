@@ -21,8 +21,11 @@ from nbops import neuromorphic, nn
 
 from . import _common as C
 
-#: Epochs (full, quick), batch size, time steps, hidden neurons.
-EPOCHS = (12, 3)
+#: Epochs (full, quick), batch size, time steps, hidden neurons. Trained
+#: with a cosine learning rate (``C.train(opt=)``): at a constant rate the
+#: last epochs jump a point or two between minima and seeds 0-5 spread over
+#: 1.8 points (95.8-97.6%); with the cosine, 96.4-97.1% (README, set-up).
+EPOCHS = (20, 3)
 BATCH = 64
 STEPS = 16
 HIDDEN = 128
@@ -86,7 +89,7 @@ def run(cfg, data=None):
 
     with C.CompileClock() as clock:
         history, train_s = C.train(cfg, "snn", len(data.x_train), BATCH,
-                                   cfg.epochs(*EPOCHS), step, evaluate)
+                                   cfg.epochs(*EPOCHS), step, evaluate, opt=opt)
         with nbops.no_grad():
             out, hidden = model(x_test, hidden=True)
         out, hidden = C.host(out), C.host(hidden)
