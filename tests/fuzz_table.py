@@ -28,6 +28,8 @@ from test_attention import reference as ref_attention
 from test_conv import ref_bn, ref_conv1d, ref_conv2d
 from test_normalization import ref_batch_norm, ref_layer_norm
 from test_pooling import ref_adaptive_avg_pool2d, ref_avg_pool2d, ref_max_pool2d
+from test_quant import avg_pool_reference
+from test_quant_gemm import _real, _requant_ref, ref_conv, ref_matmul_integer
 from test_softmax import ref as ref_softmax
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
@@ -744,7 +746,9 @@ def _conv_draw(nd, bn=False):
         # it, 0 * inf = NaN (a border difference only infinite weights show)
         w = d.array((co, wci) + ks, dtype, huge=False, specials=False)
         kw = {"stride": d.param([1, 2, 3], [0, -1]),
-              "padding": d.param([0, 1, 2], [-1, 10 ** 9]),
+              # a padding of 10**9 asks for an output the machine cannot hold
+              # (unless the batch is empty: then the output is, correctly, empty)
+              "padding": d.param([0, 1, 2], [-1, 10 ** 9 if x.shape[0] else -1]),
               "dilation": d.param([1, 2], [0]), "groups": groups}
         if any((k - 1) * kw["dilation"] + 1 > s + 2 * kw["padding"] for k, s in zip(
                 ks, sp)) if isinstance(kw["padding"], int) and kw["padding"] >= 0 and \
@@ -955,6 +959,303 @@ def _quant_rows():
             dtypes=(F64,), **common),
         Row("max_pool2d", fn=Q.max_pool2d, draw=_qpool_draw, ref=_qpool_ref, rtol=exact,
             bad_dtypes=(), dtypes=(F64,), **common),
+    ]
+
+
+# ---------------------------------------------------------------------------
+# Quantization: the int8 GEMM family (MatMulInteger, QLinearMatMul, linear,
+# dynamic linear, QLinearConv; weights packed or not) and quantized average
+# pooling. References: the int64 formulas of tests/test_quant_gemm.py and
+# tests/test_quant.py; integer results bit for bit.
+
+QTYPE_LIST = [np.int8, np.uint8]
+
+
+def _ints(d, shape, qd):
+    """Values of ``qd`` over its whole range (small ints for a type the op
+    must refuse)."""
+    lo, hi = QRANGE.get(np.dtype(qd), (-3, 3))
+    return d.rng.integers(lo, hi + 1, shape).astype(qd)
+
+
+def _zero_point(d, qd, n):
+    """A zero point of ``qd``: an int or one per row/column (``n``); rarely
+    outside the range, a float, a bool or of the wrong length."""
+    lo, hi = QRANGE.get(np.dtype(qd), (-128, 127))
+    if d.flag(0.3):
+        good = lambda: d.rng.integers(lo, hi + 1, n)  # noqa: E731
+    else:
+        good = lambda: int(d.rng.integers(lo, hi + 1))  # noqa: E731
+    return d.param(good, [hi + 1, lo - 1, 0.5, True, np.zeros(n + 1, np.int64)])
+
+
+def _weight(d, shape, per_channel=None):
+    """A QTensor weight, per tensor or per output channel (axis 0)."""
+    qd = d.choice([np.int8, np.int8, np.uint8])
+    lo, hi = QRANGE[np.dtype(qd)]
+    v = _ints(d, shape, qd)
+    if per_channel if per_channel is not None else d.flag(0.5):
+        oc = shape[0]
+        return Q.QTensor(v, 10 ** d.rng.uniform(-3, -1, oc), d.rng.integers(lo, hi + 1, oc),
+                         axis=0)
+    return Q.QTensor(v, float(10 ** d.rng.uniform(-3, -1)), int(d.rng.integers(lo, hi + 1)))
+
+
+def _out_quant(d, default, float_result=True):
+    """Output parameters: none (a float32 result), or a requantized QTensor's
+    (out_scale, out_zero_point, out_dtype, requant); rarely bad ones."""
+    if float_result and d.flag(0.4):
+        # a float result; rarely an out_dtype without the parameters it needs
+        return {"out_dtype": np.int8} if d.bad() else {}
+    odt = d.param([None, np.int8, np.uint8], [np.int32, "f4x"])
+    lo, hi = QRANGE.get(np.dtype(default if odt is None or odt == "f4x" else odt), (0, 0))
+    kw = {"out_scale": d.param(lambda: float(10 ** d.rng.uniform(-3, 0)),
+                               [0.0, -1.0, np.nan, np.inf]),
+          "out_zero_point": d.param(lambda: d.int(lo, hi), [hi + 1, 0.5]),
+          "out_dtype": odt, "requant": d.param(["fixed", "float"], ["round"])}
+    if d.bad():
+        del kw["out_zero_point"]           # one without the other
+    return kw
+
+
+def _int_bias(d, n):
+    return d.param(lambda: d.rng.integers(-5000, 5001, n).astype(np.int32) if d.flag() else None,
+                   [np.zeros(n, np.float32), np.zeros(n + 1, np.int32)])
+
+
+def _matmul_shapes(d):
+    """Shapes of ``a`` (..., m, k) and ``b`` (..., k, n) whose batch axes
+    broadcast (NumPy's rule decides), 1-D now and then, rarely a k that differs."""
+    m, k, n = d.size(), d.size(), _columns(d)
+    batch = d.shape(0, 2, lo=1)
+    bb = tuple(1 if d.flag(0.2) else s for s in batch[d.int(0, len(batch)):])
+    sa = (k,) if d.flag(0.15) else batch + (m, k)
+    sb = (k,) if d.flag(0.15) else bb + (k, n)
+    if d.bad():
+        sb = sb[:-2] + (k + 1,) + sb[-1:] if len(sb) > 1 else (k + 1,)
+    return sa, sb
+
+
+def _columns(d):
+    """Output columns: mostly SIZES, now and then either side of the CPU
+    kernel's 32-column tile."""
+    return d.size() if d.flag(0.8) else d.choice([31, 32, 33])
+
+
+def _integer_product(a, b, za, zb):
+    """(a - za) @ (b - zb) in int64, 1-D operands as np.matmul treats them."""
+    a2 = a[None, :] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    acc = ref_matmul_integer(a2, b2, np.asarray(za), np.asarray(zb))
+    if b.ndim == 1:
+        acc = acc[..., 0]
+    return acc[..., 0, :] if a.ndim == 1 and b.ndim > 1 else (
+        acc[..., 0] if a.ndim == 1 else acc)
+
+
+def _mmi_draw(d, dtype):
+    sa, sb = _matmul_shapes(d)
+    ta = d.param(QTYPE_LIST, [np.float32, np.int16])
+    tb = d.param(QTYPE_LIST, [np.float32, np.int16])
+    a, b = _ints(d, sa, ta), _ints(d, sb, tb)
+    m = 1 if len(sa) == 1 else sa[-2]
+    n = 1 if len(sb) == 1 else sb[-1]
+    return Case([a, b], {"a_zero_point": _zero_point(d, ta, m),
+                         "b_zero_point": _zero_point(d, tb, n)})
+
+
+def _mmi_ref(a, b, a_zero_point=0, b_zero_point=0):
+    np.broadcast_shapes(a.shape[:-2], b.shape[:-2])      # NumPy's rule: a ValueError
+    return _integer_product(a, b, a_zero_point, b_zero_point)
+
+
+def _qmm_draw(d, dtype):
+    sa, sb = _matmul_shapes(d)
+    ta, tb = d.choice(QTYPE_LIST), d.choice(QTYPE_LIST)
+    (alo, ahi), (blo, bhi) = QRANGE[np.dtype(ta)], QRANGE[np.dtype(tb)]
+    qa = Q.QTensor(_ints(d, sa, ta), float(10 ** d.rng.uniform(-2, 0)),
+                   int(d.rng.integers(alo, ahi + 1)))
+    n = sb[-1]
+    if d.flag(0.5):   # per column: along b's last axis
+        qb = Q.QTensor(_ints(d, sb, tb), 10 ** d.rng.uniform(-3, -1, n),
+                       d.rng.integers(blo, bhi + 1, n), axis=len(sb) - 1)
+        if len(sb) == 1:
+            d.valid = False     # a 1-D b's last axis is k: no columns to scale
+    else:
+        qb = Q.QTensor(_ints(d, sb, tb), float(10 ** d.rng.uniform(-3, -1)),
+                       int(d.rng.integers(blo, bhi + 1)))
+    # QLinearMatMul always requantizes
+    return Case([qa, qb], _out_quant(d, ta, float_result=False))
+
+
+def _qmm_ref(qa, qb, out_scale, out_zero_point, out_dtype=None, requant="fixed"):
+    a, b = qa.int_repr(), qb.int_repr()
+    np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    n = b.shape[-1] if b.ndim > 1 else 1
+    acc = _integer_product(a, b, qa.zero_point, np.broadcast_to(qb.zero_point, (n,)))
+    real = _real(qa.scale, np.broadcast_to(qb.scale, (n,)), out_scale)
+    return _requant_ref(acc, real if b.ndim > 1 else real[0], out_zero_point,
+                        out_dtype or qa.dtype, requant)
+
+
+def _maybe_packed(d, qw, groups=1):
+    return Q.pack_weight(qw, groups) if d.flag(0.3) else qw
+
+
+def _qlin_draw(d, dtype):
+    k, n = d.size(), max(1, _columns(d))
+    tx = d.choice(QTYPE_LIST)
+    lo, hi = QRANGE[np.dtype(tx)]
+    x = Q.QTensor(_ints(d, d.shape(0, 2) + (k if not d.bad() else k + 1,), tx),
+                  float(10 ** d.rng.uniform(-2, 0)), int(d.rng.integers(lo, hi + 1)))
+    w = _maybe_packed(d, _weight(d, (n, k)))
+    kw = _out_quant(d, tx)
+    kw["bias"] = _int_bias(d, n)
+    return Case([x, w], kw)
+
+
+def _dequant_scales(sx, w, n):
+    """The float32 scale product of the dequantizing epilogue, per column."""
+    return (np.float32(sx) * np.broadcast_to(np.asarray(w.scale, np.float32), (n,))).astype(
+        np.float64)
+
+
+def _qweight(w):
+    return w.qweight if isinstance(w, Q.PackedWeight) else w
+
+
+def _qlin_ref(x, w, bias=None, out_scale=None, out_zero_point=None, out_dtype=None,
+              requant="fixed"):
+    w = _qweight(w)
+    n, k = w.shape
+    if x.shape[-1] != k:
+        raise ValueError("in_features differ")
+    acc = _integer_product(x.int_repr(), w.int_repr().T, x.zero_point,
+                           np.broadcast_to(w.zero_point, (n,)))
+    acc = acc + (0 if bias is None else bias.astype(np.int64))
+    if out_scale is None:
+        return acc * _dequant_scales(x.scale, w, n)
+    real = _real(x.scale, np.broadcast_to(w.scale, (n,)), out_scale)
+    return _requant_ref(acc, real, out_zero_point, out_dtype or x.dtype, requant)
+
+
+def _qdyn_draw(d, dtype):
+    k, n = d.size(), max(1, _columns(d))
+    x = d.array(d.shape(0, 2) + (k if not d.bad() else k + 1,), dtype)
+    w = _maybe_packed(d, _weight(d, (n, k)))
+    b = d.param(lambda: d.array((n,), F32, specials=False) if d.flag() else None,
+                [np.zeros(n, np.float64), np.zeros(n + 1, np.float32)])
+    return Case([x, w], {"bias": b})
+
+
+def _qdyn_ref(x, w, bias=None):
+    """PyTorch's dynamic quantization of x (uint8 over its range and 0), the
+    integer product, dequantized with the float bias added."""
+    w = _qweight(w)
+    n, k = w.shape
+    x = np.asarray(x).astype(np.float32)
+    if x.shape[-1] != k:
+        raise ValueError("in_features differ")
+    if not np.isfinite(x).all():
+        raise ValueError("non-finite x")             # refused by the op
+    lo = min(float(x.min()), 0.0) if x.size else 0.0
+    hi = max(float(x.max()), 0.0) if x.size else 0.0
+    scale = (hi - lo) / 255.0 if hi > lo else 1.0
+    zp = int(min(255, max(0, round(-lo / scale))))
+    xq = _quantize_ref(x, scale, zp, np.uint8)
+    acc = _integer_product(xq.astype(np.int64), w.int_repr().T, zp,
+                           np.broadcast_to(w.zero_point, (n,)))
+    return acc * _dequant_scales(scale, w, n) + (0 if bias is None else _f64(bias))
+
+
+def _qdyn_scale(x, w, bias=None):
+    return np.abs(_qdyn_ref(x, w)) + (0 if bias is None else np.abs(_f64(bias)))
+
+
+def _qconv_draw(d, dtype):
+    groups = d.choice([1, 1, 2, 3])
+    ci, co = groups * d.choice([1, 2, 3]), groups * d.choice([1, 2, 3])
+    sp = (d.choice([1, 2, 3, 5, 8, 9]), d.choice([1, 2, 3, 5, 8, 9]))
+    ks = (d.choice([1, 2, 3]), d.choice([1, 2, 3]))
+    tx = d.choice(QTYPE_LIST)
+    lo, hi = QRANGE[np.dtype(tx)]
+    x = Q.QTensor(_ints(d, (d.size(), ci) + sp, tx), float(10 ** d.rng.uniform(-2, 0)),
+                  int(d.rng.integers(lo, hi + 1)))
+    wci = ci // groups if not d.bad() else ci // groups + 1
+    w = _maybe_packed(d, _weight(d, (co, wci) + ks), groups)
+    kw = {"stride": d.param([1, 2, 3, (1, 2)], [0, -1]),
+          "padding": d.param([0, 1, 2, (0, 1)], [-1, 10 ** 9 if x.shape[0] else -1]),
+          "dilation": d.param([1, 2], [0]), "groups": groups}
+    if d.valid and any((k - 1) * dil + 1 > s + 2 * p for k, s, p, dil in zip(
+            ks, sp, _pair2(kw["padding"]), _pair2(kw["dilation"]))):
+        d.valid = False       # the dilated kernel spans more than the padded input
+    kw.update(_out_quant(d, tx))
+    kw["bias"] = _int_bias(d, co)
+    return Case([x, w], kw)
+
+
+def _pair2(v):
+    return v if isinstance(v, tuple) else (v, v)
+
+
+def _qconv_ref(x, w, bias=None, stride=1, padding=0, dilation=1, groups=1, out_scale=None,
+               out_zero_point=None, out_dtype=None, requant="fixed"):
+    w = _qweight(w)
+    oc = w.shape[0]
+    acc = ref_conv(x.int_repr(), x.zero_point, w.int_repr(),
+                   np.broadcast_to(w.zero_point, (oc,)), _pair2(stride), _pair2(padding),
+                   _pair2(dilation), groups)
+    if bias is not None:
+        acc = acc + bias.astype(np.int64)[None, :, None, None]
+    if out_scale is None:
+        return acc * _dequant_scales(x.scale, w, oc)[None, :, None, None]
+    real = _real(x.scale, np.broadcast_to(w.scale, (oc,)), out_scale)[None, :, None, None]
+    return _requant_ref(acc, real, out_zero_point, out_dtype or x.dtype, requant)
+
+
+def _qavg_draw(global_pool):
+    def draw(d, dtype):
+        size = None if global_pool else d.param(
+            lambda: d.int(1, 6) if d.flag() else (d.int(1, 6), d.int(1, 6)),
+            [0, -1, (2, 3, 4), 2.0, (10 ** 6, 10 ** 6)])
+        # a refused huge output_size needs images: an empty batch would be valid
+        n = d.size(1) if size == (10 ** 6, 10 ** 6) else d.size()
+        sp = (d.param(lambda: d.choice([1, 2, 3, 5, 7, 9]), [0]), d.choice([1, 2, 3, 5, 7, 9]))
+        q = _qtensor(d, (n, d.size(1)) + sp, d.choice(QTYPE_LIST))
+        lo, hi = QRANGE[q.dtype]
+        kw = {"requant": d.param(["fixed", "float"], ["round"])}
+        if d.flag():
+            kw["scale"] = d.param(lambda: float(10 ** d.rng.uniform(-2, 0)), [0.0, -1.0])
+            kw["zero_point"] = d.param(lambda: d.int(lo, hi), [hi + 1])
+        return Case([q] if global_pool else [q, size], kw)
+    return draw
+
+
+def _qavg_ref(q, output_size=1, scale=None, zero_point=None, requant="fixed"):
+    oh, ow = _pair2(output_size)
+    return avg_pool_reference(q.to_host(), oh, ow, q.scale if scale is None else scale,
+                              q.zero_point if zero_point is None else zero_point,
+                              requant == "fixed")
+
+
+def _quant_gemm_rows():
+    common = dict(family="quant", out=False, result=_int_repr, layouts=False, bad_dtypes=(),
+                  dtypes=(F32,), rtol={F32: 1e-6})
+    return [
+        Row("matmul_integer", fn=Q.matmul_integer, draw=_mmi_draw, ref=_mmi_ref,
+            ref_decides=True, **dict(common, out=True, layouts=True,
+                                     dtypes=(np.dtype(np.int32),))),
+        Row("matmul", fn=Q.matmul, draw=_qmm_draw, ref=_qmm_ref, ref_decides=True, **common),
+        Row("linear", fn=Q.linear, draw=_qlin_draw, ref=_qlin_ref, ref_decides=True,
+            **common),
+        Row("linear_dynamic", fn=Q.linear_dynamic, draw=_qdyn_draw, ref=_qdyn_ref,
+            ref_decides=True, scale=_qdyn_scale,
+            **dict(common, layouts=True, bad_dtypes=(np.dtype(np.float64),) + BAD_DTYPES)),
+        Row("conv2d", fn=Q.conv2d, draw=_qconv_draw, ref=_qconv_ref, **common),
+        Row("adaptive_avg_pool2d", fn=Q.adaptive_avg_pool2d, draw=_qavg_draw(False),
+            ref=_qavg_ref, **common),
+        Row("global_avg_pool2d", fn=Q.global_avg_pool2d, draw=_qavg_draw(True),
+            ref=_qavg_ref, **common),
     ]
 
 
@@ -1182,6 +1483,101 @@ def _first_spike_ref(s):
     return np.where(s.any(axis=0), s.argmax(axis=0), t)
 
 
+# The random encoder's generator, written in NumPy from its definition in
+# nbops/neuromorphic/encoding.py: element (t, j) of a [T, M] train draws
+# hash(hash(i_lo ^ hash(i_hi ^ key)) ^ key) / 2**32 for counter i = t M + j,
+# with Wellons' lowbias32 hash and key = hash(seed_lo) ^ seed_hi. Reproducing
+# it exactly makes the row an exact reference: same seed, same spikes, each
+# spike where the uniform falls below the neuron's probability.
+
+_U32 = np.uint64(0xFFFFFFFF)
+
+
+def _lowbias32(x):
+    x = x ^ (x >> np.uint64(16))
+    x = (x * np.uint64(0x7FEB352D)) & _U32
+    x = x ^ (x >> np.uint64(15))
+    x = (x * np.uint64(0x846CA68B)) & _U32
+    return x ^ (x >> np.uint64(16))
+
+
+def _counter_uniform(seed, counters):
+    key = _lowbias32(np.uint64(seed & 0xFFFFFFFF)) ^ np.uint64(seed >> 32)
+    i = counters.astype(np.uint64)
+    h = _lowbias32((i & _U32) ^ _lowbias32((i >> np.uint64(32)) ^ key))
+    return _lowbias32(h ^ key).astype(np.float64) / 2.0 ** 32
+
+
+SPIKE_STORAGE = [np.uint8, np.bool_, np.float32, np.float64]
+
+
+def _encoder_kw(d):
+    # (None is NumPy's float64, as in np.zeros: accepted)
+    return d.param(SPIKE_STORAGE, [np.int64, np.int8, "f4x"])
+
+
+def _rate_draw(d, dtype):
+    x = d.array(d.shape(0, 3), dtype, -0.5, 1.5)
+    steps = d.param(lambda: d.size(1), [0, -1, 2.5, True])
+    return Case([x, steps], {
+        "gain": d.real(0.0, 2.0, bad=(-1.0, np.nan, "1")),
+        "mode": d.param(["bernoulli", "poisson"], ["gauss", None]),
+        "seed": d.param(lambda: int(d.rng.integers(0, 2 ** 63)) * d.choice([1, 2]),
+                        [-1, 2 ** 64, 1.5, True]),
+        "dtype": _encoder_kw(d)})
+
+
+def _rate_ref(x, num_steps, gain=1.0, mode="bernoulli", seed=0, dtype=np.uint8):
+    x = _f64(x)
+    with np.errstate(all="ignore"):
+        lam = x.reshape(-1) * gain
+    lam = np.where(lam > 0, lam, 0.0)            # NaN and negative never spike
+    p = -np.expm1(-lam) if mode == "poisson" else np.minimum(lam, 1.0)
+    counters = np.arange(num_steps * p.size).reshape(num_steps, p.size)
+    return (_counter_uniform(seed, counters) < p).reshape((num_steps,) + x.shape)
+
+
+def _latency_draw(d, dtype):
+    x = d.array(d.shape(0, 3), dtype, -0.2, 1.5)
+    steps = d.param(lambda: d.size(1), [0, -3, 4.0])
+    return Case([x, steps], {
+        "tau": d.real(0.5, 8.0, bad=(0.0, -1.0, np.nan)),
+        "threshold": d.real(0.0, 0.5, bad=(-0.1, np.nan)),
+        "linear": d.param([False, True], [1, None]),
+        "dtype": _encoder_kw(d)})
+
+
+def _latency_ref(x, num_steps, tau=5.0, threshold=0.01, linear=False, dtype=np.uint8):
+    """One spike per neuron at round(tau log(x / (x - threshold))) (or the
+    linear ramp), none for x <= threshold or a step past the end."""
+    x = _f64(x)
+    with np.errstate(all="ignore"):
+        if linear:
+            t = (1.0 - np.minimum(x, 1.0)) * (num_steps - 1)
+        else:
+            t = tau * np.log(x / (x - threshold))
+        step = np.where((x > threshold) & (t < num_steps), np.floor(t + 0.5), num_steps)
+    return np.arange(num_steps).reshape((-1,) + (1,) * x.ndim) == step
+
+
+def _encoder(fn):
+    """Calls the encoder and checks the storage dtype it was asked for (the
+    comparison itself sees 0/1 as uint8: a float spike train of a float64
+    input may be float32)."""
+    def call(*args, dtype=np.uint8, **kw):
+        y = fn(*args, dtype=dtype, **kw)
+        assert y.dtype == np.dtype(dtype), f"spikes of {y.dtype}, asked for {dtype}"
+        assert y.dtype.isnative
+        return y
+    return call
+
+
+def _spikes_as_uint8(y):
+    y = np.asarray(y)
+    assert np.isin(y, (0, 1)).all(), "spikes other than 0 and 1"
+    return y.astype(np.uint8)
+
+
 def _nm_rows():
     spike_dtypes = (np.dtype(np.uint8), np.dtype(np.bool_), F32, F64)
     return [
@@ -1195,10 +1591,15 @@ def _nm_rows():
         Row("first_spike_time", "neuromorphic", nm.first_spike_time, _spikes_draw,
             _first_spike_ref, out=False, dtypes=spike_dtypes,
             bad_dtypes=(np.dtype(np.complex64),), rtol={F32: 0, F64: 0}),
+        Row("rate", "neuromorphic", _encoder(nm.rate), _rate_draw, _rate_ref, out=False,
+            result=_spikes_as_uint8),
+        Row("latency", "neuromorphic", _encoder(nm.latency), _latency_draw, _latency_ref,
+            out=False, result=_spikes_as_uint8),
     ]
 
 
 TABLE = (_activation_rows() + _arith_rows() + _tensor_rows() + _linalg_rows() + _norm_rows()
-         + _pool_rows() + _softmax_rows() + _conv_rows() + _quant_rows() + _sp_rows()
+         + _pool_rows() + _softmax_rows() + _conv_rows() + _quant_rows()
+         + _quant_gemm_rows() + _sp_rows()
          + _nm_rows())
 FAMILIES = sorted({r.family for r in TABLE})

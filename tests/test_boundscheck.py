@@ -12,7 +12,9 @@ cache directory of its own (``NBOPS_BOUNDSCHECK_CACHE``, default
   nonzeros, every nonzero in the first or the last row, repeated columns,
   one full row), against per-entry references;
 * the fuzz table's rows of a curated set of families (small shapes that
-  cross every block edge, strided and zero-stride views, 0 and 1 sizes).
+  cross every block edge, strided and zero-stride views, 0 and 1 sizes),
+  the quantized ones among them: the int8 GEMM (packed and raw operands,
+  the 8 x 32 tile's partial edges, k not a multiple of four) and QLinearConv.
 
 A first run compiles those kernels again with checks (about two CPU
 minutes); later runs load them from that cache. The whole kernel suite
@@ -28,8 +30,10 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 #: fuzz families run bounds-checked in CI (kernels with index arithmetic of
-#: their own: windows, rows, CSR pointers; GEMM and conv are in the one-off run)
-FAMILIES = ("sparse", "pooling", "softmax", "normalization", "tensor", "neuromorphic")
+#: their own: windows, rows, CSR pointers, and the int8 GEMM family's packing,
+#: tiles and im2col; the float GEMM and conv are in the one-off run)
+FAMILIES = ("sparse", "pooling", "softmax", "normalization", "tensor", "neuromorphic",
+            "quant")
 
 #: the subprocess: the checks below, then the fuzz rows of FAMILIES
 _CHILD = f"""
