@@ -49,7 +49,9 @@ Parallel warm-up
     parent makes), held while Numba looks in the cache, compiles and saves.
     A worker reaching a kernel that another is compiling waits, then loads
     it from the cache; so no two processes write one cache entry at once
-    and no kernel is compiled twice. The wait shows in each family's line.
+    and no cached kernel is compiled twice (helpers without a disk cache
+    are compiled into each caller anyway). The wait shows in each
+    family's line.
     Where ``fcntl`` is missing (Windows) the warm-up runs in one process.
 
 CUDA warm-up, fused functions and operators defined with
