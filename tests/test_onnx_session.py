@@ -239,6 +239,35 @@ def test_per_channel_affine_folds_into_conv_and_batch_norm():
     np.testing.assert_allclose(y, _unplanned(m, {"x": x})[0], rtol=1e-4, atol=1e-5)
 
 
+def test_batch_norm_and_relu_run_as_one_pass():
+    # BatchNormalization -> Relu (its only reader) becomes ScaleShiftRelu; a
+    # batch norm whose output is read twice stays as it is
+    c = 5
+    stats = lambda: [np.abs(_w(c)) + 0.5, _w(c), _w(c), np.abs(_w(c)) + 0.5]  # noqa: E731
+    inits = dict(zip(["g", "be", "mu", "var"], stats()))
+    inits.update(zip(["g2", "be2", "mu2", "var2"], stats()))
+    nodes = [
+        helper.make_node("BatchNormalization", ["x", "g", "be", "mu", "var"], ["n"],
+                         epsilon=1e-3, name="bn"),
+        helper.make_node("Relu", ["n"], ["r"], name="relu"),
+        helper.make_node("BatchNormalization", ["r", "g2", "be2", "mu2", "var2"], ["n2"],
+                         name="bn2"),
+        helper.make_node("Relu", ["n2"], ["r2"], name="relu2"),
+        helper.make_node("Add", ["r2", "n2"], ["y"], name="add"),
+    ]
+    m = _model(nodes, [helper.make_tensor_value_info("x", F, ["N", c, "H", "W"])],
+               [helper.make_tensor_value_info("y", F, ["N", c, "H", "W"])], inits)
+    sess = InferenceSession(m)
+    assert "BatchNormalization 'bn' + Relu 'relu' -> ScaleShiftRelu" in str(sess.plan)
+    assert [n.op_type for n in sess.plan.nodes] == ["ScaleShiftRelu", "BatchNormalization",
+                                                    "Relu", "Add"]
+    x = RNG.standard_normal((2, c, 6, 7)).astype(np.float32)
+    x[0, 0, 0, :3] = [np.nan, np.inf, -np.inf]
+    (y,) = sess.run(None, {"x": x})
+    for ref in (_reference(m, {"x": x})[0], _unplanned(m, {"x": x})[0]):
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6)
+
+
 def _conv_zoo(batch="N"):
     """Convolutions of every shape the Conv handler handles: asymmetric pads
     (padded explicitly), a dilated depthwise one at stride 2, a 1x1 with the

@@ -5,9 +5,14 @@ thread count (2 by default), interleaved rounds, medians.
     python tools/bench_onnx.py [--threads 2] [--rounds 5] [--reps 5] [--models resnet50,...]
 
 Prints per model: session load time (parse, check, plan, fold; onnxruntime's
-InferenceSession construction beside it), the first run (compiles or loads
-cached kernels), and the steady latency of each runtime with the ratio
-nbops / onnxruntime (< 1: nbops ahead).
+InferenceSession construction beside it), the first run (plans, packs the
+convolutions, compiles or loads cached kernels, tunes new shapes), and the
+steady latency of each runtime with the ratio nbops / onnxruntime (< 1:
+nbops ahead), and the load average after the model's rounds. On a shared
+machine the ratio is meaningful only at a low load: each nbops kernel is a
+parallel region that waits for all its threads, so a busy machine slows
+nbops far more than onnxruntime (at load 11 on 2 cores: 4-60x against
+1.2-1.4x at load 0).
 """
 
 import argparse
@@ -76,7 +81,8 @@ def bench(model, label, threads, rounds, reps):
     nb, rt = statistics.median(nb_t), statistics.median(ort_t)
     print(f"{label:<22} load {load:6.3f} s (ort {ort_load:5.3f})  first {first:7.3f} s  "
           f"nbops {nb * 1e3:8.2f} ms  ort {rt * 1e3:8.2f} ms  ratio {nb / rt:5.2f}  "
-          f"rel.err {err:.1e}  peak {sess.peak_memory / 2**20:.0f} MiB", flush=True)
+          f"rel.err {err:.1e}  peak {sess.peak_memory / 2**20:.0f} MiB  "
+          f"load avg {os.getloadavg()[0]:.1f}", flush=True)
     del nbops
     return nb / rt
 

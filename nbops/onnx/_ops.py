@@ -582,6 +582,28 @@ def onnx_batch_norm(node, x, scale, bias, mean, var, *, state=None):
     return y.astype(x.dtype)
 
 
+def _scale_shift_relu(x, s, t):
+    return nbops.relu(x * s + t)
+
+
+_SCALE_SHIFT_RELU = []  # the fused kernel, made on first use (nbops.fuse)
+
+
+@onnx_op("ScaleShiftRelu", domain=NBOPS_DOMAIN, dtypes=FLOAT)
+def onnx_scale_shift_relu(node, x, s, t):
+    """The planner's inference-mode BatchNormalization + Relu: ``relu(x * s +
+    t)`` with ``s``, ``t`` one value per channel (axis 1), in one pass of an
+    :func:`nbops.fuse` kernel instead of a batch norm pass and a relu pass."""
+    if not _SCALE_SHIFT_RELU:
+        _SCALE_SHIFT_RELU.append(nbops.fuse(_scale_shift_relu))
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    if _on_device(s):
+        s, t = nbops.reshape(s, shape), nbops.reshape(t, shape)
+    else:
+        s, t = s.reshape(shape), t.reshape(shape)
+    return _SCALE_SHIFT_RELU[0](x, s, t)
+
+
 def _norm_np(x, axis, eps, scale, bias, centered):
     axes = tuple(range(axis, x.ndim))
     x64 = x.astype(np.float64)

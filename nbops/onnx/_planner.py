@@ -23,6 +23,9 @@ function ``fn(graph) -> list[str]`` returning one line per rewrite it made
   converter writes DenseNet's batch norms) folded into the FusedConv's
   weights and bias (a following Relu into its epilogue) or into the
   BatchNormalization's scale and bias;
+* ``46`` an inference-mode BatchNormalization of constant statistics whose
+  only reader is a Relu into ``ai.nbops.ScaleShiftRelu`` (``relu(x * s +
+  t)``, one fused pass instead of two);
 * ``50`` the residual Add after a FusedConv (``relu(conv(x) + r)``) into the
   conv's epilogue (``residual=``);
 * ``35`` recognise LayerNorm (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt,
@@ -325,8 +328,8 @@ PASSES = []
 
 def register_pass(fn, order, name=None):
     """Adds a rewriting pass ``fn(graph) -> list[str]`` run at position
-    ``order`` (built-in passes: 10 Identity, 20 fold, 30 BN, 35 subgraphs, 40 fusion, 50
-    residual). Registering the same function
+    ``order`` (built-in passes: 10 Identity, 20 fold, 30 BN, 35 subgraphs, 40 fusion, 45
+    per-channel affine, 46 batch norm + Relu, 50 residual). Registering the same function
     twice replaces it."""
     name = name or fn.__name__
     PASSES[:] = [p for p in PASSES if p[1] != name]
@@ -673,6 +676,44 @@ def _fold_affine(graph):
     return log
 
 
+def _batch_norm_relu(graph):
+    """BatchNormalization (constant statistics) -> Relu as its only reader
+    -> ScaleShiftRelu with ``s = gamma / sqrt(var + eps)``, ``t = beta -
+    mean * s`` computed here (in float64, rounded once)."""
+    log = []
+    counts = graph.use_count()
+    consumers = graph.consumers()
+    replace, drop = {}, set()
+    for bn in graph.nodes:
+        if bn.op_type != "BatchNormalization" or bn.domain != "" or len(bn.outputs) != 1 or \
+                bn.attrs.get("training_mode", 0) or len(bn.inputs) != 5 or \
+                not all(i in graph.consts for i in bn.inputs[1:5]):
+            continue
+        gamma, beta, mean, var = (graph.consts[i] for i in bn.inputs[1:5])
+        dtype = graph.dtypes.get(bn.inputs[0])
+        if dtype not in (np.float32, np.float64) or any(
+                c.dtype != dtype or c.ndim != 1 for c in (gamma, beta, mean, var)):
+            continue
+        relu = _only_reader(graph, bn.outputs[0], counts, consumers)
+        if relu is None or relu.op_type != "Relu" or relu.domain != "":
+            continue
+        scale = gamma.astype(np.float64) / np.sqrt(var.astype(np.float64) +
+                                                   float(bn.attrs.get("epsilon", 1e-5)))
+        shift = beta.astype(np.float64) - mean.astype(np.float64) * scale
+        names = []
+        for key, v in (("s", scale), ("t", shift)):
+            name = graph.fresh(key)
+            graph.consts[name], graph.dtypes[name] = v.astype(dtype), dtype
+            names.append(name)
+        replace[id(bn)] = make_node(graph, bn.name, "ScaleShiftRelu", [bn.inputs[0]] + names,
+                                    relu.outputs, {}, fused=bn.fused + relu.fused,
+                                    input_dtypes=[dtype] * 3)
+        drop.add(id(relu))
+        log.append(f"BatchNormalization {bn.name!r} + Relu {relu.name!r} -> ScaleShiftRelu")
+    graph.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in drop]
+    return log
+
+
 def _per_channel(c, channels, rank, dtype):
     """``c`` (a constant) as one float64 value per channel where it
     broadcasts over a (N, channels, ...) value of ``rank`` dims that way,
@@ -883,6 +924,7 @@ register_pass(fold_constants, 20, "fold")
 register_pass(_fold_batch_norm, 30, "batch_norm")
 register_pass(_fuse_ops, 40, "fuse")
 register_pass(_fold_affine, 45, "affine")
+register_pass(_batch_norm_relu, 46, "bn_relu")
 register_pass(_fuse_residual, 50, "residual")
 register_pass(_recognise_subgraphs, 35, "subgraphs")
 
