@@ -187,11 +187,11 @@ def asm_report(dtype):
 
     # a fresh, uncached dispatcher: Numba cannot show assembly loaded from its cache
     micro = numba.njit(nogil=True, fastmath=set(_jit.FASTMATH))(
-        linalg.drivers(np.dtype(dtype))[2].py_func)
+        linalg.micro(*linalg.TILES[np.dtype(dtype)]).py_func)
     _jit._compile_with_settings(micro, slp=True)
     nt = numba.from_dtype(np.dtype(dtype))
-    a2, a1 = types.Array(nt, 2, "C"), types.Array(nt, 1, "C")
-    micro.compile((types.intp, a2, a2, a1, types.intp, types.intp, types.boolean, nt))
+    a2, a1, ip = types.Array(nt, 2, "C"), types.Array(nt, 1, "C"), types.intp
+    micro.compile((ip, a2, a1, ip, ip, a1, ip, ip, types.boolean, nt))
     asm = micro.inspect_asm(micro.signatures[0])
     fma = collections.Counter(re.findall(r"\b(vfmadd\w+)\s", asm))
     widths = collections.Counter(re.findall(r"vfmadd\w+\s[^\n]*%([xyz]mm)\d+\s*$", asm, re.M))
@@ -208,7 +208,7 @@ def asm_report(dtype):
         tile = numba.njit(nogil=True, fastmath=set(_jit.FASTMATH), error_model="numpy")(
             linalg.generated(src, name, linalg._unsigned_scope(max(mr, width))))
         _jit._compile_with_settings(tile, slp=True)
-        tile.compile((a1, ip, ip, ip, ip, a1, ip, ip, ip, a1, ip, ip, nt))
+        tile.compile((a1, ip, ip, ip, ip, a1, ip, ip, ip, a1, ip, ip, nt, types.boolean))
         loop = max(re.split(r"\n\.LBB", tile.inspect_asm(tile.signatures[0])),
                    key=lambda block: block.count("vfmadd"))
         fma = collections.Counter(re.findall(r"\b(vfmadd\w+)\s", loop))

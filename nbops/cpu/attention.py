@@ -209,6 +209,9 @@ def _task_t(b, qt, qbuf, offq, sqr, sqc, kp, vp, mbuf, offm, smr, smc, causal, o
     # second specialisation of the shared GEMM micro-kernel
     ldc = NR + 0 * D
     first = D >= 0
+    # the micro-kernel reads B as rows of a flat buffer: Q's slivers (D x NR
+    # each) and the score block's (BK x NR), row stride NR
+    qpf = qp.reshape(-1)
     oq = offq[b]
     for jr in range(nqs):
         for d in range(D):
@@ -231,7 +234,8 @@ def _task_t(b, qt, qbuf, offq, sqr, sqc, kp, vp, mbuf, offm, smr, smc, causal, o
         for ks in range((kv + MR - 1) // MR):
             ksl = kp[b, (s0 // MR) + ks]
             for jr in range(nqs):
-                _micro(D, ksl, qp[jr], st, jr * BK * NR + ks * MR * NR, ldc, first, zero)
+                _micro(D, ksl, qpf, jr * D * NR, ldc, st, jr * BK * NR + ks * MR * NR, ldc, first,
+                       zero)
         for jr in range(nqs):
             a = jr * NR
             _online(st3[jr], kv, s0, q0 + a, L, causal, has_mask, mbuf, mo, smr, smc,
@@ -249,7 +253,8 @@ def _task_t(b, qt, qbuf, offq, sqr, sqc, kp, vp, mbuf, offm, smr, smc, causal, o
         for ds in range(Dvp // MR):
             vsl = vp[b, kt, ds]
             for jr in range(nqs):
-                _micro(kv, vsl, st3[jr], ot, jr * Dvp * NR + ds * MR * NR, ldc, not first, zero)
+                _micro(kv, vsl, st, jr * BK * NR, ldc, ot, jr * Dvp * NR + ds * MR * NR, ldc,
+                       not first, zero)
     if stats:
         for i in range(nq):
             lsef[b * L + q0 + i] = m[i] + math.log(l[i]) if l[i] > zero else ninf
@@ -308,7 +313,7 @@ def _drivers(dt):
     if drv is None:
         mr, nr = _linalg.TILES[dt]
         scope = dict(globals())
-        scope.update(MR=mr, NR=nr, _micro=_linalg.drivers(dt)[2])
+        scope.update(MR=mr, NR=nr, _micro=_linalg.micro(mr, nr))
         scope["_online"] = cpu_kernel(_bind(_online_t, scope, f"attn_online_{mr}x{nr}"))
         scope["_task"] = register_jitable(_bind(_task_t, scope, f"attn_task_{mr}x{nr}"))
         drv = _DRIVERS[dt] = cpu_kernel(_bind(_driver_t, scope, f"attn_fwd_{mr}x{nr}"),

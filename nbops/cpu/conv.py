@@ -14,7 +14,7 @@ norm folded in) and ``act`` is 0 (none) or 1 (relu). Four algorithms:
   (``bpack[jr, p, j]``) from the input, zero padding included, then runs the
   register-tile micro-kernel over it. A 1x1 stride-1 convolution without
   padding is the GEMM ``W @ x[n]`` on the input's planes as they lie: the
-  micro-kernel reads its whole slivers in place (``micro_rows``, the next
+  micro-kernel reads its whole slivers in place (at the plane's row stride, the next
   sliver prefetched) and only a partial last one is packed. The epilogue
   (bias per output channel, residual, relu) runs on each MR x NR tile
   straight after its last k slice, while the tile is in L1: the output is
@@ -98,8 +98,13 @@ def conv2d(x, w, wscale, bias, out, geo, act, res, algo="igemm", NC=256, KC=256)
         x = _subsampled(x, geo)
         geo = (C, OH, OW, 1, 1, 1, 1, 0, 0, 1, 1, OH, OW, G, CO)
         sh = sw = 1
+    # read-only per-channel operands (an ONNX model's initializers) would
+    # compile each kernel they reach a second time (the implicit GEMM's
+    # driver: 6 s cold); copies of them cost next to nothing
+    bias, wscale = _writable(bias), _writable(wscale)
     xf, wf, of = x.reshape(-1), w.reshape(-1), out.reshape(-1)
     if C // G == 1:
+        wf = _writable(wf)  # a few taps per channel, as bias
         # the depthwise kernels have no residual in their epilogues: one
         # more pass adds it (MobileNet's residuals follow 1x1 convolutions)
         dw_act = 0 if res.size else act
@@ -123,6 +128,11 @@ def conv2d(x, w, wscale, bias, out, geo, act, res, algo="igemm", NC=256, KC=256)
         # config carries no block sizes
         _igemm(xf, wf, wscale, bias, of, geo, act, res, NC or 256, KC or 256)
     return out
+
+
+def _writable(a):
+    """``a``, or a writable copy of it where it is read-only."""
+    return a if a.flags.writeable else a.copy()
 
 
 @cpu_kernel(parallel=True)
@@ -291,7 +301,7 @@ def _segment_bounds(i0, seg, step, size):
 # Templates bound per register tile (MR, NR, the micro-kernel as globals,
 # as nbops.cpu.linalg does: globals keep Numba's on-disk cache valid).
 MR = NR = 0
-_micro = _micro_rows = _pack_cols = None
+_micro = _pack_cols = None
 
 
 def _pack_cols_t(xf, xoff, geo, pc, kc, jc, nc, bpack, line, zero, wq, in_place):
@@ -370,6 +380,10 @@ def _igemm_t(xf, apk, bias, of, geo, ncol, nj, mch, act, zero, nchunks, wq, in_p
     k = cg * KH * KW
     p_all = OH * OW
     nk, nir, kcap = apk.shape[1], apk.shape[2], apk.shape[3]
+    # B's rows for the micro-kernel: a packed sliver (row stride NR) or the
+    # input's planes (row stride plane); a runtime NR, not a literal (a
+    # literal would compile a specialisation of the micro-kernel of its own)
+    nr_ = apk.shape[4] // MR * NR
     per_m = (nir + mch - 1) // mch
     nnr_max = (min(ncol, p_all) + NR - 1) // NR
     ntasks = n_img * G * nj * mch
@@ -378,6 +392,7 @@ def _igemm_t(xf, apk, bias, of, geo, ncol, nj, mch, act, zero, nchunks, wq, in_p
     # and page faults each time)
     for c in prange(nchunks):
         bpack = np.empty((nnr_max, kcap, NR), of.dtype)
+        bf = bpack.reshape(-1)
         line = np.empty(nnr_max * NR, of.dtype)
         scratch = np.empty(MR * NR, of.dtype)
         for t in range(c * ntasks // nchunks, (c + 1) * ntasks // nchunks):
@@ -418,20 +433,14 @@ def _igemm_t(xf, apk, bias, of, geo, ncol, nj, mch, act, zero, nchunks, wq, in_p
                                     _prefetch(xf, b0 + 2 * NR - 1 + pp * plane, 0)
                             rows = min(MR, mg - ir * MR)
                             coff = c_base + ir * MR * p_all + jr * NR
+                            bb, bo, bs = (xf, b0, plane) if b_rows else \
+                                (bf, jr * kcap * NR, nr_)
                             if rows == MR and cols == NR:
-                                if b_rows:
-                                    _micro_rows(kc, apk[g, q, ir], xf, b0, plane, of, coff,
-                                                p_all, first, zero)
-                                else:
-                                    _micro(kc, apk[g, q, ir], bpack[jr], of, coff, p_all,
-                                           first, zero)
+                                _micro(kc, apk[g, q, ir], bb, bo, bs, of, coff, p_all, first,
+                                       zero)
                             else:
-                                if b_rows:
-                                    _micro_rows(kc, apk[g, q, ir], xf, b0, plane, scratch,
-                                                s_off, s_ld, s_ld > 0, zero)
-                                else:
-                                    _micro(kc, apk[g, q, ir], bpack[jr], scratch, s_off,
-                                           s_ld, s_ld > 0, zero)
+                                _micro(kc, apk[g, q, ir], bb, bo, bs, scratch, s_off, s_ld,
+                                       s_ld > 0, zero)
                                 _linalg.store_edge_tile(of, coff, p_all, scratch, NR, rows,
                                                         cols, first)
                             if q == nk - 1:
@@ -448,8 +457,7 @@ def _igemm_drivers(dtype):
     if d is None:
         mr, nr = _linalg.TILES[dtype]
         scope = dict(globals())
-        scope.update(MR=mr, NR=nr, _micro=_linalg.drivers(dtype)[2],
-                     _micro_rows=_linalg.drivers(dtype)[3])
+        scope.update(MR=mr, NR=nr, _micro=_linalg.micro(mr, nr))
         scope["_pack_cols"] = register_jitable(_bind(_pack_cols_t, scope,
                                                      f"conv_pack_cols_{nr}"))
         d = _DRIVERS[dtype] = cpu_kernel(_bind(_igemm_t, scope, f"conv_igemm_{mr}x{nr}"),

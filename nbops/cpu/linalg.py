@@ -10,10 +10,12 @@ consumed where they lie; partial slivers are zero-padded, so the
 micro-kernel always runs full tiles and edge tiles go through a small
 scratch tile.
 
-The micro-kernel is generated source: MR * NR scalar accumulators, all
-indices compile-time constants, so that the SLP vectorizer (switched on by
-``cpu_kernel``) turns each row of accumulators into 512-bit registers (the
-function asks for that width, see ``_prefer_wide_vectors``) and each
+The micro-kernel is generated source (one kernel per tile shape, B's
+rows read at a runtime row stride, shared with the implicit-GEMM
+convolution): MR * NR scalar accumulators, all indices compile-time
+constants, so that the SLP vectorizer (switched on by ``cpu_kernel``)
+turns each row of accumulators into 512-bit registers (the function asks
+for that width, see ``_prefer_wide_vectors``) and each
 ``acc += a * b`` (fastmath ``contract``, no ``reassoc``) into an FMA: per k
 step 2 (float32 8x32) vector loads of B, 8 broadcasts of A and 16
 ``vfmadd231ps zmm``, no spills. ``tools/bench_gemm.py --asm`` prints the mix.
@@ -163,24 +165,23 @@ def _prefer_wide_vectors(typingctx):
     return types.void(), codegen
 
 
-def _micro_source(mr, nr, b_rows=False):
-    """Source of the MR x NR micro-kernel: ``C[tile] (+)= ap.T @ bp`` where
-    ``ap`` is (kc, MR) packed and ``bp`` is (kc, NR), packed or, with
-    ``b_rows``, read where it lies: row p at ``bbuf[boff + p * ldb:][:NR]``
-    (the implicit GEMM's 1x1 convolutions read the input's planes so)."""
-    name = f"micro_{mr}x{nr}" + ("_rows" if b_rows else "")
+def _micro_source(mr, nr):
+    """Source of the MR x NR micro-kernel: ``C[tile] (+)= ap.T @ B`` where
+    ``ap`` is a (kc, MR) packed A sliver and B's row p is
+    ``bbuf[boff + p * ldb:][:NR]``: a packed B sliver (``ldb = NR``) or the
+    input's planes of a 1x1 convolution read where they lie (``ldb`` the
+    plane). One kernel for both: a second one for packed B as a 2-D array
+    cost 11-24 s more cold compile (float32 8x32) and ran no faster."""
+    name = f"micro_{mr}x{nr}"
     acc = [[f"c{i}_{j}" for j in range(nr)] for i in range(mr)]
-    b_args = "bbuf, boff, ldb" if b_rows else "bp"
-    lines = [f"def {name}(kc, ap, {b_args}, cbuf, coff, ldc, first, zero):", "    wide()"]
+    lines = [f"def {name}(kc, ap, bbuf, boff, ldb, cbuf, coff, ldc, first, zero):", "    wide()"]
     lines += [f"    {acc[i][j]} = zero" for i in range(mr) for j in range(nr)]
     lines.append("    for p in range(kc):")
-    if b_rows:
-        # the row's slice first: after A's loads, LLVM scheduled the
-        # kernel 12% slower (1x1 convolution, 256 -> 64 at 56 x 56)
-        lines.append(f"        bp = bbuf[boff + p * ldb:boff + p * ldb + {nr}]")
+    # the row's slice first: after A's loads, LLVM scheduled the kernel 12%
+    # slower (1x1 convolution, 256 -> 64 at 56 x 56)
+    lines.append(f"        bp = bbuf[boff + p * ldb:boff + p * ldb + {nr}]")
     lines += [f"        a{i} = ap[p, {i}]" for i in range(mr)]
-    lines += [f"        b{j} = bp[{j}]" if b_rows else f"        b{j} = bp[p, {j}]"
-              for j in range(nr)]
+    lines += [f"        b{j} = bp[{j}]" for j in range(nr)]
     lines += [f"        {acc[i][j]} += a{i} * b{j}" for i in range(mr) for j in range(nr)]
     # rows as slices: constant indices into them need no wraparound code,
     # and the stores of a row merge into one vector store
@@ -301,11 +302,13 @@ def _macro_t(abuf, a_off, sam, sak, bpack, jr0, jr1, nc, outf, c_off, ldc, mc, k
     zero = cst.zero
     _pack_a(abuf, a_off, sam, sak, mc, kc, MR, apack, zero)
     epilogue = last and (act != 0 or bias.size > 0)
-    # runtime values, not literals: literal arguments would compile a
-    # second specialisation of the micro-kernel
-    s_ld = scratch.size // MR
-    s_off = 0 * s_ld
-    s_first = s_ld > 0
+    # B's packed slivers as the micro-kernel reads them: sliver jr at
+    # (jr kcap NR), row stride NR; runtime values, not literals: literal
+    # arguments would compile a second specialisation of the micro-kernel
+    bf = bpack.reshape(-1)
+    bnr = bpack.shape[2]
+    b_step = bpack.shape[1] * bnr
+    s_off = 0 * bnr
     group = max(1, EPILOGUE_COLS // NR)
     for g0 in range(jr0, jr1, group):
         g1 = min(jr1, g0 + group)
@@ -315,9 +318,10 @@ def _macro_t(abuf, a_off, sam, sak, bpack, jr0, jr1, nc, outf, c_off, ldc, mc, k
                 rows = min(MR, mc - ir * MR)
                 coff = c_off + ir * MR * ldc + jr * NR
                 if rows == MR and cols == NR:
-                    _micro(kc, apack[ir], bpack[jr], outf, coff, ldc, first, zero)
+                    _micro(kc, apack[ir], bf, jr * b_step, bnr, outf, coff, ldc, first, zero)
                 else:
-                    _micro(kc, apack[ir], bpack[jr], scratch, s_off, s_ld, s_first, zero)
+                    _micro(kc, apack[ir], bf, jr * b_step, bnr, scratch, s_off, bnr, s_off == 0,
+                           zero)
                     store_edge_tile(outf, coff, ldc, scratch, NR, rows, cols, first)
         if epilogue:
             col0 = g0 * NR
@@ -408,51 +412,53 @@ def _bind(template, scope, name):
 
 
 def _make_drivers(mr, nr):
-    """``(tiles, batched, micro, micro_rows)`` for an MR x NR register tile."""
-    micro, micro_rows = (cpu_kernel(generated(src, name, {"wide": _prefer_wide_vectors}))
-                         for name, src in (_micro_source(mr, nr, b_rows)
-                                           for b_rows in (False, True)))
+    """``(tiles, batched)`` for an MR x NR register tile."""
     scope = dict(globals())
-    scope.update(MR=mr, NR=nr, _micro=micro)
+    scope.update(MR=mr, NR=nr, _micro=micro(mr, nr))
     scope["_macro"] = register_jitable(_bind(_macro_t, scope, f"gemm_macro_{mr}x{nr}"))
     tiles = cpu_kernel(_bind(_tiles_t, scope, f"gemm_tiles_{mr}x{nr}"), parallel=True)
     batched = cpu_kernel(_bind(_batched_t, scope, f"gemm_batched_{mr}x{nr}"), parallel=True)
-    return tiles, batched, micro, micro_rows
+    return tiles, batched
 
 
 # ---------------------------------------------------------------------------
 # Small products: no packing
 
 
-def _small_tile_source(mr, nr, accumulate=False):
-    """Source of ``small_{mr}x{nr}``: an MR x NR tile of C computed from A
-    and B where they lie. A's MR rows (at ``a0 + i * sam``, all readable)
-    are read through both strides, one broadcast per row and k step; B must
-    have unit column stride, so that each k step loads NR contiguous
-    elements of one row of B as whole vectors. Only the first ``rows`` rows
-    are stored (branches outside the k loop).
+def _small_tile_source(mr, nr):
+    """Source of ``tile_{mr}x{nr}``, the register tile of the small-product
+    and streamed-weight drivers: an MR x NR tile of C, ``(+)= A @ B`` over
+    k, computed from A and B where they lie. A's MR rows (at ``a0 + i *
+    sam``, all readable) are read through both strides, one broadcast per
+    row and k step; B must have unit column stride, so that each k step
+    loads NR contiguous elements of one row of B as whole vectors. Only the
+    first ``rows`` rows are stored (branches outside the k loop), added to
+    C where ``acc`` (the streamed driver's later k slices).
+
+    ``acc`` is a runtime flag, and callers pass runtime values, never
+    literals: the added variant as a kernel of its own, and the streamed
+    driver's literal strides, had compiled two more specialisations of the
+    float32 8x32 tile (3-6 s each, cold), for no speed.
 
     Indices are unsigned (``U``, constants ``U1``...): Numba guards signed
     indices against negative values, and the SLP vectorizer vectorized those
     guards instead of the loads (a third of the loop). Element indices are
     never negative; negative strides wrap modulo 2**64 and the sums come out
     right. Row offsets ``i * sam`` written this way let LLVM walk the rows
-    with one stride register instead of MR pointers spilled to the stack.
-    ``accumulate``: the tile is added to C (``small_{mr}x{nr}_acc``)."""
-    name = f"small_{mr}x{nr}" + ("_acc" if accumulate else "")
-    lines = [f"def {name}(abuf, a0, sam, sak, rows, bbuf, b0, sbk, k, outf, c0, ldc, zero):",
+    with one stride register instead of MR pointers spilled to the stack."""
+    name = f"tile_{mr}x{nr}"
+    lines = [f"def {name}(abuf, a0, sam, sak, rows, bbuf, b0, sbk, k, outf, c0, ldc, zero, acc):",
              "    wide()"]
     lines += [f"    c{i}_{j} = zero" for i in range(mr) for j in range(nr)]
     lines += ["    ap = U(a0)", "    bp = U(b0)", "    usam = U(sam)", "    usak = U(sak)",
               "    usbk = U(sbk)"]
     lines += [f"    s{i} = U{i} * usam" for i in range(1, mr)]
     lines += tile_lines(mr, nr, "    ", head=(), tail=("ap += usak", "bp += usbk"),
-                        row="c0 + {i} * ldc", stored="rows > {i}",
-                        op="+=" if accumulate else "=")
+                        row="c0 + {i} * ldc", stored="rows > {i}", flag="acc")
     return name, "\n".join(lines) + "\n"
 
 
-def tile_lines(mr, nr, ind, head, tail, row, stored, op="="):
+def tile_lines(mr, nr, ind, head, tail, row, stored, op="=", flag=None):
     """Source lines (indented by ``ind``) of an MR x NR register tile's k
     loop and stores, shared by the generated tiles (here and in
     :mod:`nbops.cpu.conv`): each k step broadcasts A's MR rows
@@ -461,7 +467,9 @@ def tile_lines(mr, nr, ind, head, tail, row, stored, op="="):
     ``c{i}_{j}``; ``head`` lines open each step (setting ``bp``), ``tail``
     lines end it (advancing ``ap``/``bp``). Row i of the tile is stored at
     ``outf[row:row + NR]`` (``row`` and ``stored`` are format strings of
-    ``i``), for i > 0 only where ``stored`` holds; ``op="+="`` adds to it."""
+    ``i``), for i > 0 only where ``stored`` holds; ``op="+="`` adds to it,
+    and with ``flag`` (the name of a runtime bool) both stores are
+    generated, adding where ``flag`` is true."""
     inner = ind + "    "
     lines = [f"{ind}for p in range(k):"]
     lines += [inner + h for h in head]
@@ -478,7 +486,14 @@ def tile_lines(mr, nr, ind, head, tail, row, stored, op="="):
             at = inner
         r = row.format(i=i)
         lines.append(f"{at}row = outf[{r}:{r} + {nr}]")
-        lines += [f"{at}row[{j}] {op} c{i}_{j}" for j in range(nr)]
+        if flag is None:
+            lines += [f"{at}row[{j}] {op} c{i}_{j}" for j in range(nr)]
+            continue
+        # the branch outside the row's stores: each branch's stores merge
+        # into whole vector stores
+        for cond, op_ in ((f"if {flag}:", "+="), ("else:", "=")):
+            lines.append(at + cond)
+            lines += [f"{at}    row[{j}] {op_} c{i}_{j}" for j in range(nr)]
     return lines
 
 
@@ -526,6 +541,7 @@ def _small_product_t(abuf, a0, sam, sak, bbuf, b0, sbk, outf, c0, m, n, k, ctile
     # epilogue runs once, after every tile is stored.
     zero = cst.zero
     rows = min(MR, m)
+    store = m < 0  # False, not a literal: see tile()
     j0 = 0
     while j0 < n:
         wide = n - j0 >= SNR or (n >= SNR and n - j0 > SNN)
@@ -535,13 +551,13 @@ def _small_product_t(abuf, a0, sam, sak, bbuf, b0, sbk, outf, c0, m, n, k, ctile
             i0 = max(0, min(i0, m - MR))
             if wide:
                 _wide_tile(abuf, a0 + i0 * sam, sam, sak, rows, bbuf, b0 + j0, sbk, k, outf,
-                           c0 + i0 * n + j0, n, zero)
+                           c0 + i0 * n + j0, n, zero, store)
             elif n >= SNN:
                 _narrow_tile(abuf, a0 + i0 * sam, sam, sak, rows, bbuf, b0 + j0, sbk, k,
-                             outf, c0 + i0 * n + j0, n, zero)
+                             outf, c0 + i0 * n + j0, n, zero, store)
             else:
                 _narrow_tile(abuf, a0 + i0 * sam, sam, sak, rows, bbuf, b0, sbk, k, ctile,
-                             0 * n, ctile.size // MR, zero)
+                             0 * n, ctile.size // MR, zero, store)
                 for i in range(rows):
                     for j in range(n):
                         outf[c0 + (i0 + i) * n + j] = ctile[i * SNN + j]
@@ -605,17 +621,18 @@ def _small_t(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, outf, nbatch, m, n, k, 
 
 
 @functools.lru_cache(maxsize=None)
-def _small_tile(mr, nr, accumulate=False):
-    """The compiled small-product tile (one dispatcher per source, shared by
-    the small-product and streamed-weight drivers)."""
-    name, src = _small_tile_source(mr, nr, accumulate)
+def tile(mr, nr):
+    """The compiled MR x NR register tile (``_small_tile_source``): one
+    dispatcher per shape, shared by every driver here and by
+    :mod:`nbops.cpu.conv`'s implicit GEMM."""
+    name, src = _small_tile_source(mr, nr)
     return cpu_kernel(generated(src, name, _unsigned_scope(max(mr, nr))))
 
 
 def _make_small(mr, nr, nn):
     scope = dict(globals())
     for width, key in ((nr, "_wide_tile"), (nn, "_narrow_tile")):
-        scope[key] = _small_tile(mr, width)
+        scope[key] = tile(mr, width)
     scope.update(MR=mr, SNR=nr, SNN=nn)
     scope["_small_product"] = register_jitable(
         _bind(_small_product_t, scope, f"gemm_small_product_{mr}x{nr}"))
@@ -653,7 +670,7 @@ def stream_route(nbatch, m, n, k, sbk, features):
             and m <= STREAM_MAX_ROWS)
 
 
-_st_tile = _st_tile_acc = None
+_st_tile = None
 SR = 0
 
 
@@ -690,6 +707,11 @@ def _stream_t(abuf, a0, sam, sak, bbuf, b0, sbn, outf, m, n, k, bias, act, prm, 
     nblk = (ntile + per - 1) // per
     nchunks = min(nblk, STREAM_TASKS_PER_THREAD * nthreads)
     epilogue = act != 0 or bias.size > 0
+    # the tile's strides and row count as runtime values (literals would
+    # compile a specialisation of the tile of its own)
+    one = k // k
+    mr_ = one * MR
+    sr_ = one * SR
     for c in prange(nchunks):
         for blk in range(c * nblk // nchunks, (c + 1) * nblk // nchunks):
             t0 = blk * per
@@ -700,12 +722,8 @@ def _stream_t(abuf, a0, sam, sak, bbuf, b0, sbn, outf, m, n, k, bias, act, prm, 
                     for t in range(t0, t1):
                         wb, wo, ws = (bbuf, b0 + t * MR * sbn + kb, sbn) if t < full else \
                             (wpad, kb, k)
-                        if kb == 0:
-                            _st_tile(wb, wo, ws, 1, MR, xf, (s * k + kb) * SR, SR, kc, ct,
-                                     t * MR * mp + s * SR, mp, zero)
-                        else:
-                            _st_tile_acc(wb, wo, ws, 1, MR, xf, (s * k + kb) * SR, SR, kc, ct,
-                                         t * MR * mp + s * SR, mp, zero)
+                        _st_tile(wb, wo, ws, one, mr_, xf, (s * k + kb) * SR, sr_, kc, ct,
+                                 t * MR * mp + s * SR, mp, zero, kb > 0)
             f0 = t0 * MR
             f1 = min(n, t1 * MR)
             for r in range(m):
@@ -717,8 +735,7 @@ def _stream_t(abuf, a0, sam, sak, bbuf, b0, sbn, outf, m, n, k, bias, act, prm, 
 
 def _make_stream(mr, nr):
     scope = dict(globals())
-    scope.update(MR=mr, SR=nr, _st_tile=_small_tile(mr, nr),
-                 _st_tile_acc=_small_tile(mr, nr, True))
+    scope.update(MR=mr, SR=nr, _st_tile=tile(mr, nr))
     return cpu_kernel(_bind(_stream_t, scope, f"gemm_stream_{mr}x{nr}"), parallel=True)
 
 
@@ -729,10 +746,17 @@ def stream_driver(dtype):
 
 
 @functools.lru_cache(maxsize=None)
+def micro(mr, nr):
+    """The compiled MR x NR micro-kernel (``_micro_source``), shared by the
+    packed drivers and :mod:`nbops.cpu.conv`'s implicit GEMM."""
+    name, src = _micro_source(mr, nr)
+    return cpu_kernel(generated(src, name, {"wide": _prefer_wide_vectors}))
+
+
+@functools.lru_cache(maxsize=None)
 def drivers(dtype):
-    """``(tiles, batched, micro, micro_rows)``: the two parallel drivers and
-    the micro-kernel for ``dtype`` (packed B; B's rows in place), built on
-    first use."""
+    """``(tiles, batched)``: the two packed parallel drivers for ``dtype``,
+    built on first use (their micro-kernel is ``micro(*TILES[dtype])``)."""
     return _make_drivers(*TILES[dtype])
 
 
@@ -772,7 +796,7 @@ def gemm(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act, pr
         small_driver(out.dtype)(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out.reshape(-1),
                                 nbatch, m, n, k, bias, act, prm, cst, threads)
         return out
-    tiles, batched = drivers(out.dtype)[:2]
+    tiles, batched = drivers(out.dtype)
     many = nbatch >= TASKS_PER_THREAD * threads or (nbatch >= threads and m <= MC)
     run = batched if many else tiles
     run(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out.reshape(-1), nbatch, m, n, k,
