@@ -845,7 +845,8 @@ QRANGE = {np.dtype(np.int8): (-128, 127), np.dtype(np.uint8): (0, 255)}
 
 
 def _qparams(d):
-    qd = d.param([np.int8, np.uint8], [np.int16, "int8"])
+    # ("int8", a name NumPy reads, is int8: valid; "i8x" is no dtype at all)
+    qd = d.param([np.int8, np.uint8], [np.int16, "i8x"])
     lo, hi = QRANGE.get(np.dtype(qd), (-128, 127)) if not isinstance(qd, str) else (-128, 127)
     scale = d.param(lambda: float(10 ** d.rng.uniform(-3, 1)), [0.0, -1.0, np.nan, np.inf])
     zp = d.param(lambda: d.int(lo, hi), [hi + 1, lo - 1, 0.5])
