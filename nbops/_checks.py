@@ -142,13 +142,14 @@ def _physical_memory():
 _RAM = _physical_memory()
 
 
-def allocation(op, shape, dtype, device=_dispatch.CPU, nbytes=None):
+def allocation(op, shape, dtype, device=_dispatch.CPU, nbytes=None, workspace=0):
     """Check, before allocating, that an array of ``shape`` and ``dtype``
     can exist: its size must fit in an address (where NumPy would say only
     "Maximum allowed dimension exceeded") and, on the CPU, in this machine's
     memory (where an over-committing OS would accept it and kill the process
     once the kernel writes). Raises :class:`OutputTooLarge` naming ``op``;
-    returns the size in bytes. Python integers: the product cannot wrap."""
+    returns the size in bytes. ``workspace``: bytes of the kernels' own
+    buffers, counted with the output. Python integers: the product cannot wrap."""
     op = op or "nbops"
     shape = tuple(shape)
     if any(n < 0 for n in shape):
@@ -156,7 +157,10 @@ def allocation(op, shape, dtype, device=_dispatch.CPU, nbytes=None):
                          "negative size")
     if nbytes is None:
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-    what = f"{op}: the output of shape {shape} ({np.dtype(dtype).name}) takes {_bytes(nbytes)}"
+    nbytes += workspace
+    what = (f"{op}: the output of shape {shape} ({np.dtype(dtype).name})"
+            + (" and the kernels' working memory take" if workspace else " takes")
+            + f" {_bytes(nbytes)}")
     if nbytes > _MAX_BYTES or any(n > _MAX_BYTES for n in shape):
         raise OutputTooLarge(f"{what}, more than an address can hold; check the "
                              "arguments that set its size")

@@ -599,11 +599,36 @@ def _conv(op, spatial, x, weight, bias, wscale, stride, padding, dilation, group
     args = (xc, wc, sc, bc, o4, geo, _ACTS[activation], rc)
     if out.size == 0:
         return out, geo
-    if dev == CUDA or geo[0] // geo[13] == 1:
-        _dispatch.kernel("conv.conv2d", dev)(*args)
-    else:
-        _cpu_conv.run((args,), _tuning_key(geo, int(x.shape[0]), x.dtype), gpu=False)
+    _check_workspace(op, geo, out, dev)
+    try:
+        if dev == CUDA or geo[0] // geo[13] == 1:
+            _dispatch.kernel("conv.conv2d", dev)(*args)
+        else:
+            _cpu_conv.run((args,), _tuning_key(geo, int(x.shape[0]), x.dtype), gpu=False)
+    except (MemoryError, SystemError) as exc:
+        # a kernel's own buffers failed to allocate (inside compiled code a
+        # MemoryError surfaces as a SystemError caused by it)
+        if isinstance(exc, SystemError) and not isinstance(exc.__cause__, MemoryError):
+            raise
+        raise _checks.OutputTooLarge(
+            f"{op}: the working memory of a convolution with output {out_shape} "
+            f"({np.dtype(x.dtype).name}) could not be allocated; check the arguments "
+            "that set its size (padding, stride, dilation)") from exc
     return out, geo
+
+
+def _check_workspace(op, geo, out, dev):
+    """The CPU kernels pad one image's input planes and stage one image's
+    output at a time (cpu/conv.py): count them with the output against the
+    machine's memory, where an over-committing OS would accept the buffers
+    and kill the process once the kernel writes them."""
+    if dev == CUDA:
+        return
+    c, h, w, _, _, _, _, ph, pw, _, _, oh, ow, _, co = geo
+    per_image = c * (h + 2 * ph) * (w + 2 * pw) + co * oh * (w + 2 * pw + ow)
+    item = out.dtype.itemsize
+    if per_image * item > (1 << 28):  # small workspaces need no check
+        _checks.allocation(op, out.shape, out.dtype, dev, workspace=per_image * item)
 
 
 def _tuning_key(geo, n, dtype):

@@ -90,8 +90,14 @@ def sigmoid_backward(g, y):
 
 
 def tanh_backward(g, y):
+    dtype = np.asarray(y).dtype
     y = _f64(y)
-    return _f64(g) * (1 - y * y)
+    yy = y * y
+    if dtype == np.float32:
+        # float32's y * y overflows past |y| ~ 1.8e19 (outside tanh's range),
+        # so g = 0 gives 0 * -inf = NaN there, as in PyTorch: keep that
+        yy = np.where(yy > np.finfo(np.float32).max, np.inf, yy)
+    return _f64(g) * (1 - yy)
 
 
 def gelu_backward(g, x, approximate="none"):

@@ -489,13 +489,38 @@ with test_fuzz.memory_budget(1 << 30):
 """
 
 
-@pytest.mark.xfail(strict=True, reason="nbops/cpu/conv.py allocates the padded planes and "
-                   "the column buffer (about twice the output) inside the kernel, without "
-                   "the size check: past the memory a SystemError, and under an "
-                   "over-committing OS the OOM killer (the long run's death)")
 def test_conv_workspace_past_memory_refused_by_name():
     """conv1d with an output that fits and a workspace that does not: it must
     run or raise an error naming it, not fail inside a kernel."""
     proc = subprocess.run([sys.executable, "-c", _WORKSPACE_CHILD], capture_output=True,
                           text=True, cwd=os.path.dirname(__file__), timeout=300)
     assert proc.stdout.strip() in ("ran", "conv1d"), proc.stdout[-500:] + proc.stderr[-1500:]
+
+
+def test_conv_workspace_counted_against_memory():
+    """The long fuzz run's OOM kill: an output that fits in RAM whose padded
+    planes and staging buffer do not; refused by name before anything is
+    allocated."""
+    from nbops import _checks
+
+    if _checks._RAM is None:
+        pytest.skip("this machine's memory is unknown")
+    # output 8p bytes (half the memory), padded plane and staging ~24p more
+    p = _checks._RAM // 16
+    x = np.ones((1, 1, 3), np.float32)
+    with pytest.raises(ValueError, match=r"^conv1d: the output of shape .* \(float32\) and "
+                       r"the kernels' working memory take .* more than this machine's memory"):
+        nbops.conv1d(x, x, padding=p)
+
+
+def test_tanh_backward_float32_past_tanhs_range_matches_the_reference():
+    # the long run's one mismatch: y = 1e20 in float32 squares to inf, so
+    # g = 0 gives NaN (as PyTorch's float32 does); the float64 reference had -0
+    from reference import tanh_backward as ref
+
+    g = np.array([0, 1, 0.5], np.float32)
+    y = np.array([1e20, -3e19, 0.5], np.float32)
+    with np.errstate(all="ignore"):
+        want = ref(g, y).astype(np.float32)
+    np.testing.assert_array_equal(nbops.tanh_backward(g, y), want)
+    assert np.isnan(want[0])
