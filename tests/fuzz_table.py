@@ -1459,6 +1459,75 @@ def _lif_ref(x, beta, threshold=1.0, reset="subtract", v0=None):
     return s, v
 
 
+def _if_draw(d, dtype):
+    T = d.size(1)
+    x = d.array((T,) + d.shape(1, 2), dtype, -0.5, 1.5, specials=False)
+    v0 = d.array(x.shape[1:], dtype, specials=False) if d.flag(0.3) else None
+    return Case([x], {"threshold": d.real(0.2, 2.0, bad=(0.0, -1.0)),
+                      "reset": d.param(["subtract", "zero", "none"], ["sub"]), "v0": v0})
+
+
+def _if_ref(x, threshold=1.0, reset="subtract", v0=None):
+    return _lif_ref(x, 1.0, threshold, reset, v0)
+
+
+def _synaptic_draw(d, dtype):
+    case = _lif_draw(d, dtype)
+    case.kwargs["alpha"] = d.real(0.0, 1.0, bad=(1.5, -0.1, np.nan))
+    case.kwargs["syn0"] = (d.array(case.args[0].shape[1:], dtype, specials=False)
+                           if d.flag(0.3) else None)
+    return case
+
+
+def _synaptic_ref(x, alpha, beta, threshold=1.0, reset="subtract", syn0=None, v0=None):
+    from test_neuromorphic import ref_run
+    x = np.asarray(x)
+    s, _, v, b, *_ = ref_run("synaptic", x, beta, threshold, alpha, reset=reset,
+                             v0=None if v0 is None else np.asarray(v0),
+                             b0=None if syn0 is None else np.asarray(syn0))
+    return s, b, v
+
+
+def _alif_draw(d, dtype):
+    case = _lif_draw(d, dtype)
+    case.kwargs["adapt_decay"] = d.real(0.0, 1.0, bad=(1.5, -0.1, np.nan))
+    case.kwargs["adapt_scale"] = d.real(0.0, 1.0, bad=(-0.5, np.nan))
+    case.kwargs["a0"] = (d.array(case.args[0].shape[1:], dtype, 0.0, 1.0, specials=False)
+                         if d.flag(0.3) else None)
+    return case
+
+
+def _alif_ref(x, beta, threshold=1.0, adapt_decay=0.95, adapt_scale=0.2, reset="subtract",
+              v0=None, a0=None):
+    from test_neuromorphic import ref_run
+    x = np.asarray(x)
+    s, _, v, b, *_ = ref_run("alif", x, beta, threshold, adapt_decay, adapt_scale,
+                             reset=reset, v0=None if v0 is None else np.asarray(v0),
+                             b0=None if a0 is None else np.asarray(a0))
+    return s, v, b
+
+
+def _lif_step(x, v=None, beta=0.9, threshold=1.0, reset="subtract"):
+    """lif_step with its state and parameters as the fuzzer draws them."""
+    state = None if v is None else nm.LIFState(v)
+    spikes, new = nm.lif_step(x, state, nm.LIFParameters(beta, threshold, reset))
+    return spikes, new.v
+
+
+def _lif_step_draw(d, dtype):
+    x = d.array(d.shape(0, 3), dtype, -0.5, 1.5, specials=False)
+    v = d.array(x.shape, dtype, specials=False) if d.flag(0.5) else None
+    return Case([x] + ([v] if v is not None else []),
+                {"beta": d.real(0.0, 1.0, bad=(1.5, -0.1, np.nan)),
+                 "threshold": d.real(0.2, 2.0, bad=(0.0, -1.0)),
+                 "reset": d.param(["subtract", "zero", "none"], ["sub"])})
+
+
+def _lif_step_ref(x, v=None, beta=0.9, threshold=1.0, reset="subtract"):
+    s, v1 = _lif_ref(np.asarray(x)[None], beta, threshold, reset, v)
+    return s[0], v1
+
+
 def _delta_draw(d, dtype):
     x = d.array((d.size(1),) + d.shape(0, 2), dtype, -1, 1, specials=False)
     return Case([x], {"threshold": d.real(0.05, 0.5, bad=(0.0, -1.0, np.nan)),
@@ -1583,6 +1652,14 @@ def _nm_rows():
     spike_dtypes = (np.dtype(np.uint8), np.dtype(np.bool_), F32, F64)
     return [
         Row("lif", "neuromorphic", nm.lif, _lif_draw, _lif_ref, out=False,
+            rtol={F32: 0, F64: 0}),
+        Row("if_neuron", "neuromorphic", nm.if_neuron, _if_draw, _if_ref, out=False,
+            rtol={F32: 0, F64: 0}),
+        Row("synaptic", "neuromorphic", nm.synaptic, _synaptic_draw, _synaptic_ref,
+            out=False, rtol={F32: 0, F64: 0}),
+        Row("alif", "neuromorphic", nm.alif, _alif_draw, _alif_ref, out=False,
+            rtol={F32: 0, F64: 0}),
+        Row("lif_step", "neuromorphic", _lif_step, _lif_step_draw, _lif_step_ref, out=False,
             rtol={F32: 0, F64: 0}),
         Row("delta", "neuromorphic", nm.delta, _delta_draw, _delta_ref, out=False,
             rtol={F32: 0, F64: 0}),
