@@ -145,7 +145,9 @@ def _cases():
         "alif": (nd.spiking("alif", ds, beta=0.9, threshold=0.7, spike_dtype=np.uint8),
                  neuro.alif(spikes_in, 0.9, 0.7, spike_dtype=np.uint8), True),
         "map_model_module": (nd.map_model(net, dx), net(x).data, True),
-        "map_model_onnx": (nd.map_model(sess, dx), sess.run(None, {"x": x})[0], True),
+        # a session plans (packs, picks each conv's algorithm) per input shape:
+        # chunks of 2 images may sum in another order than one batch of 6
+        "map_model_onnx": (nd.map_model(sess, dx), sess.run(None, {"x": x})[0], False),
     }
 
 
