@@ -36,9 +36,10 @@ import os
 # enough for back-to-back BLAS calls to find the workers awake.
 COEXIST_TIMEOUT = 14
 OPENBLAS_DEFAULT_TIMEOUT = 28
-# ~3000 pause loops, tens of microseconds: longer than the Python between two
-# nbops calls, far shorter than libgomp's default (tools/bench_startup.py).
-OPENMP_SPINCOUNT = "3000"
+# ~30000 pause loops (about half a millisecond): longer than the Python between
+# two nbops calls and than a small BLAS call, far shorter than libgomp's default
+# 300000 (tools/bench_startup.py --only coexist; docs/startup.md).
+OPENMP_SPINCOUNT = "30000"
 _SYMBOLS = ("openblas_read_env", "openblas_thread_timeout", "blas_thread_shutdown_",
             "blas_thread_init")
 
