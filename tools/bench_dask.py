@@ -117,7 +117,8 @@ def main():
         # the images are loaded on the workers first (as a real pipeline
         # reads them there): timings then exclude sending 31 MB of inputs
         x = client.persist(da.from_array(arr, chunks=(chunk, 1, 28, 28)))
-        distributed.wait(x)
+        with client.as_current():
+            distributed.wait(x)
         return x
 
     def dask_run(client, model, chunk):
@@ -187,14 +188,9 @@ def main():
 
 
 def _cpu():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip() + f", {os.cpu_count()} cores"
-    except OSError:
-        pass
-    return f"{os.cpu_count()} cores"
+    from nbops._info import cpu_model
+
+    return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
 if __name__ == "__main__":

@@ -181,14 +181,9 @@ def _child(code, env_extra):
 
 
 def _cpu():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip() + f", {os.cpu_count()} cores"
-    except OSError:
-        pass
-    return f"{os.cpu_count()} cores"
+    from nbops._info import cpu_model
+
+    return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
 if __name__ == "__main__":
