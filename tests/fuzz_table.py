@@ -1528,6 +1528,93 @@ def _lif_step_ref(x, v=None, beta=0.9, threshold=1.0, reset="subtract"):
     return s[0], v1
 
 
+# The neurons' backward passes against finite differences of the smoothed
+# forward (tests/test_neuromorphic.py's reference: the spike replaced by the
+# surrogate's antiderivative around the drawn point), on small shapes.
+_BPTT = {  # row name -> (op, model of ref_run, parameters drawn, state)
+    "lif_backward": (nm.lif_backward, "lif", ("beta",), None),
+    "if_neuron_backward": (nm.if_neuron_backward, "lif", (), None),
+    "synaptic_backward": (nm.synaptic_backward, "synaptic", ("alpha", "beta"), "syn0"),
+    "alif_backward": (nm.alif_backward, "alif", ("beta", "adapt_decay", "adapt_scale"), "a0"),
+}
+
+
+def _bptt_fn(name):
+    op = _BPTT[name][0]
+
+    def fn(grad_spikes, inputs, v0, grad_v, *state, **kwargs):
+        state_kw = {_BPTT[name][3]: state[0]} if state else {}
+        g = op(grad_spikes, inputs, v0=v0, grad_v=grad_v, **state_kw, **kwargs)
+        return g["inputs"], g["v0"]
+    fn.__name__ = name
+    return fn
+
+
+def _bptt_draw(name):
+    params, state = _BPTT[name][2], _BPTT[name][3]
+
+    def draw(d, dtype):
+        shape = (d.int(1, 6),) + tuple(d.int(1, 4) for _ in range(d.int(1, 2)))
+        x = d.array(shape, dtype, 0.0, 0.9, specials=False)
+        arrays = [d.array(shape, dtype, -1.0, 1.0, specials=False), x,
+                  d.array(shape[1:], dtype, 0.0, 0.5, specials=False),
+                  d.array(shape[1:], dtype, -1.0, 1.0, specials=False)]
+        if state:
+            arrays.append(d.array(shape[1:], dtype, 0.0, 0.3, specials=False))
+        kw = {p: d.real(0.3, 0.95, bad=(1.5, -0.1, np.nan)) if p != "adapt_scale"
+              else d.real(0.0, 0.5, bad=(-0.5, np.nan)) for p in params}
+        surrogate = d.param(list(_surrogates()), ["bogus"])
+        k = _SURROGATE_PARAM().get(surrogate)
+        kw.update(threshold=d.real(0.4, 1.2, bad=(0.0, -1.0)),
+                  reset=d.param(["subtract", "zero", "none"], ["sub"]),
+                  surrogate=(surrogate, k) if k else surrogate, detach_reset=d.flag())
+        return Case(arrays, kw)
+    return draw
+
+
+def _surrogates():
+    from test_neuromorphic import ANTIDERIVATIVE
+    return ANTIDERIVATIVE
+
+
+def _SURROGATE_PARAM():
+    from test_neuromorphic import SURROGATE_PARAM
+    return SURROGATE_PARAM
+
+
+def _bptt_ref(name):
+    model, params, state = _BPTT[name][1], _BPTT[name][2], _BPTT[name][3]
+
+    def ref(grad_spikes, inputs, v0, grad_v, *st, threshold, reset, surrogate,
+            detach_reset, **kw):
+        from test_neuromorphic import _smooth_loss, ref_run
+        sname, k = surrogate if isinstance(surrogate, tuple) else (surrogate, None)
+        w0, w1 = _f64(grad_spikes), _f64(grad_v)
+        x, v0 = _f64(inputs), _f64(v0)
+        b0 = _f64(st[0]) if st else None
+        beta = kw.get("beta", 1.0)
+        p2 = kw.get("alpha", kw.get("adapt_decay", 0.0))
+        p3 = kw.get("adapt_scale", 0.0)
+        base = ref_run(model, x, beta, threshold, p2, p3, reset, v0, b0)[4:]
+        w = [w0, w1, np.zeros_like(x), np.zeros_like(v0)]
+
+        def loss(x=x, v0=v0):
+            return _smooth_loss(model, sname, k, x, beta, threshold, p2, p3, reset, v0, b0,
+                                detach_reset, w, base)
+        eps = 1e-6
+        grads = []
+        for value, key in ((x, "x"), (v0, "v0")):
+            g = np.zeros(value.shape)
+            for i in np.ndindex(value.shape):
+                hi, lo = value.copy(), value.copy()
+                hi[i] += eps
+                lo[i] -= eps
+                g[i] = (loss(**{key: hi}) - loss(**{key: lo})) / (2 * eps)
+            grads.append(g)
+        return tuple(grads)
+    return ref
+
+
 def _delta_draw(d, dtype):
     x = d.array((d.size(1),) + d.shape(0, 2), dtype, -1, 1, specials=False)
     return Case([x], {"threshold": d.real(0.05, 0.5, bad=(0.0, -1.0, np.nan)),
@@ -1663,6 +1750,8 @@ def _nm_rows():
             rtol={F32: 0, F64: 0}),
         Row("delta", "neuromorphic", nm.delta, _delta_draw, _delta_ref, out=False,
             rtol={F32: 0, F64: 0}),
+        *[Row(name, "neuromorphic", _bptt_fn(name), _bptt_draw(name), _bptt_ref(name),
+              out=False, rtol={F32: 2e-3, F64: 1e-4}) for name in _BPTT],
         Row("spike_count", "neuromorphic", nm.spike_count, _spikes_draw,
             lambda s: (np.asarray(s) != 0).sum(axis=0), out=False, dtypes=spike_dtypes,
             bad_dtypes=(np.dtype(np.complex64),), rtol={F32: 0, F64: 0}),
