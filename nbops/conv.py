@@ -599,22 +599,24 @@ def _conv(op, spatial, x, weight, bias, wscale, stride, padding, dilation, group
     args = (xc, wc, sc, bc, o4, geo, _ACTS[activation], rc)
     if out.size == 0:
         return out, geo
-    _check_workspace(op, geo, out, dev)
+    _launch(op, _kernel_for(dev, args, int(x.shape[0]), x.dtype), args, out, dev)
+    return out, geo
+
+
+def _launch(op, run, args, out, dev):
+    """``run(*args)`` with the kernels' working memory counted first, and an
+    allocation that fails inside them raised under the op's name."""
+    _check_workspace(op, args[5], out, dev)
     try:
-        if dev == CUDA or geo[0] // geo[13] == 1:
-            _dispatch.kernel("conv.conv2d", dev)(*args)
-        else:
-            _cpu_conv.run((args,), _tuning_key(geo, int(x.shape[0]), x.dtype), gpu=False)
+        run(*args)
     except (MemoryError, SystemError) as exc:
-        # a kernel's own buffers failed to allocate (inside compiled code a
-        # MemoryError surfaces as a SystemError caused by it)
+        # inside compiled code a MemoryError surfaces as a SystemError caused by it
         if isinstance(exc, SystemError) and not isinstance(exc.__cause__, MemoryError):
             raise
         raise _checks.OutputTooLarge(
-            f"{op}: the working memory of a convolution with output {out_shape} "
-            f"({np.dtype(x.dtype).name}) could not be allocated; check the arguments "
-            "that set its size (padding, stride, dilation)") from exc
-    return out, geo
+            f"{op}: the working memory of a convolution with output {tuple(out.shape)} "
+            f"({out.dtype.name}) could not be allocated; check the arguments that set its "
+            "size (padding, stride, dilation)") from exc
 
 
 def _check_workspace(op, geo, out, dev):
@@ -696,10 +698,9 @@ def _conv_packed(op, pack, x, bias, geometry, activation, out, residual):
         _reshape(tensor.contiguous_array(residual), (-1,))
     args = (_as4d(tensor.contiguous_array(x), spatial), pack._w4, pack._empty, pack._b,
             _as4d(out, spatial), pack._geo, _ACTS[activation], rc)
-    run = pack._kernel
-    if run is None:
-        run = pack._kernel = _kernel_for(dev, args, int(x.shape[0]), x.dtype)
-    run(*args)
+    if pack._kernel is None:
+        pack._kernel = _kernel_for(dev, args, int(x.shape[0]), x.dtype)
+    _launch(op, pack._kernel, args, out, dev)
     return out
 
 
