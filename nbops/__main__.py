@@ -39,17 +39,22 @@ def _bench(args):
             print(f"{c.family:<12} {c.name}")
         return 0
     dtypes = [harness.DTYPES[d] for d in args.dtype or ["float32"]]
-    print(f"nbops {nbops.__version__} bench: {nbops.get_num_threads()} thread(s); median of "
+    # with --markdown, stdout is the Markdown document and the progress goes to stderr
+    log = (lambda *a: print(*a, file=sys.stderr)) if args.markdown else print
+    log(f"nbops {nbops.__version__} bench: {nbops.get_num_threads()} thread(s); median of "
           f"{args.rounds} interleaved rounds after warm-up; speedup = baseline time / nbops "
           "time;\nGB/s counts each input and output once; 'of copy' compares it with a "
           "parallel copy at the same size timed in the same rounds (median of the "
           "per-round fractions;\nthe copy line is the copy alone, before the cases); "
           "max err = max |y - ref| / (1 + |ref|)\nagainst a float64 reference from the "
           "same inputs.")
-    print(_load_warning() + "\n")
+    log(_load_warning() + "\n")
+    peaks = {}
     results, copies = harness.run_bench(selected, sizes, dtypes, rounds=args.rounds,
-                                        pause=args.pause)
-    print(_load_warning())
+                                        pause=args.pause, write=log, peaks=peaks)
+    log(_load_warning())
+    if args.markdown:
+        print(_markdown(results, copies, peaks, args))
     if args.json:
         from ._info import collect
 
@@ -74,6 +79,24 @@ def _bench(args):
             return 2
     errors = [r for r in results if r.note.startswith("error")]
     return 1 if errors else 0
+
+
+def _markdown(results, copies, peaks, args):
+    """``bench --markdown``: the machine, the limits measured and one table
+    line per case."""
+    import nbops
+
+    from ._info import cpu_model
+    from .bench import harness
+
+    copy_text = ", ".join(f"{harness.size_label(n)} {d} {g:.1f} GB/s"
+                          for (n, d), g in copies.items()) or "not measured"
+    peak_text = ", ".join(f"{d} {g:.0f} GFLOP/s" for d, g in peaks.items()) or "not measured"
+    return "\n".join([
+        f"nbops {nbops.__version__} on {cpu_model()}, {nbops.get_num_threads()} thread(s), "
+        f"median of {args.rounds} interleaved rounds; {_load_warning()}.",
+        f"Limits measured in this run: parallel copy {copy_text}; FMA peak {peak_text}.",
+        "", harness.markdown_table(results)])
 
 
 def _load_warning():
@@ -148,6 +171,9 @@ def build_parser():
     b.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     b.add_argument("--plot", metavar="FILE.png",
                    help="also draw the speed-ups (and fractions of copy bandwidth) as bars")
+    b.add_argument("--markdown", action="store_true",
+                   help="print a Markdown table, one line per case, with the fraction of "
+                        "copy bandwidth or FMA peak (the progress goes to stderr)")
     b.add_argument("--list", action="store_true", help="list the cases and exit")
     b.set_defaults(func=_bench)
 

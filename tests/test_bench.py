@@ -304,3 +304,36 @@ def test_a_family_that_fails_to_import_is_a_demo_failure(monkeypatch):
     lines.clear()
     harness.run_bench([], [16], ["float32"], write=lines.append)
     assert "brokenfam: not loaded, SyntaxError: oops" in lines
+
+
+def test_markdown_table_one_line_per_case_with_its_limit():
+    # two sizes of a memory-bound case and one compute-bound case: one line
+    # each, at the largest size, with the fraction of copy or of FMA peak
+    rows = [Result("relu", "activations", 1024, "float32", t_nbops=1e-3, t_baseline=2e-3,
+                   nbytes=8 * 10**6, paired_copy_fraction=0.5),
+            Result("relu", "activations", 4096, "float32", t_nbops=2e-3, t_baseline=6e-3,
+                   nbytes=32 * 10**6, paired_copy_fraction=0.8),
+            Result("matmul", "linalg", 4096, "float32", t_nbops=1e-2, t_baseline=2e-2,
+                   flops=2 * 10**9, peak_gflops=400.0),
+            Result("absent", "testfake", 16, "float32", note="skipped: nbops.x does not exist")]
+    assert rows[2].peak_fraction == pytest.approx(0.5)
+    assert rows[2].as_dict()["peak_fraction"] == rows[2].peak_fraction
+    lines = harness.markdown_table(rows).splitlines()
+    assert lines[0].startswith("| case |") and set(lines[1]) <= set("|-")
+    body = lines[2:]
+    assert len(body) == 3
+    assert body[0].startswith("| relu | activations | 4K | float32 |")
+    assert "3.00x" in body[0] and "80% of copy (16.0 GB/s)" in body[0]
+    assert "2.00x" in body[1] and "200 GFLOP/s, 50% of FMA peak" in body[1]
+    assert "skipped" in body[2]
+
+
+def test_fma_peak_counts_its_flops():
+    x = np.zeros((2, harness.FMA_ROW), np.float64)
+    a, b = np.float64(0.5), np.float64(1.0)
+    harness.fma_peak(x, 3, a, b)
+    v = 0.0
+    for _ in range(3 * 8):
+        v = v * 0.5 + 1.0
+    np.testing.assert_array_equal(x, v)
+    assert harness.measure_fma_peak("float32", rounds=1, pause=0.0, threads=1) > 0

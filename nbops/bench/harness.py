@@ -99,6 +99,8 @@ class Result:
     nbytes: Optional[int] = None
     flops: Optional[int] = None
     copy_gbps: Optional[float] = None
+    #: GFLOP/s of :func:`fma_peak` with all threads (compute-bound cases)
+    peak_gflops: Optional[float] = None
     #: median over rounds of (GB/s / the copy's GB/s in the same round),
     #: where the copy was timed interleaved with the case
     paired_copy_fraction: Optional[float] = None
@@ -130,12 +132,18 @@ class Result:
         return _div(self.flops, self.t_nbops, 1e-9)
 
     @property
+    def peak_fraction(self):
+        """GFLOP/s over the FMA peak measured in the same run."""
+        return _div(self.gflops, self.peak_gflops)
+
+    @property
     def passed(self):
         return self.err is not None and self.tol is not None and self.err <= self.tol
 
     def as_dict(self):
         d = dict(vars(self))
-        for k in ("ratio", "gbps", "baseline_gbps", "copy_fraction", "gflops", "passed"):
+        for k in ("ratio", "gbps", "baseline_gbps", "copy_fraction", "gflops", "peak_fraction",
+                  "passed"):
             d[k] = getattr(self, k)
         return d
 
@@ -280,8 +288,8 @@ def _sync_for(device):
     return cuda.synchronize
 
 
-#: Seconds OpenBLAS's idle threads were seen to keep spinning (0.05 s left
-#: nbops' GEMM at a half to a tenth of its speed right after NumPy's).
+#: Seconds OpenBLAS's idle threads keep spinning after a call, slowing what
+#: is timed next (docs/benchmarks.md, thread pools).
 BLAS_PAUSE = 0.3
 
 
@@ -289,8 +297,8 @@ def warm_up(f, sync=None, seconds=WARM_UP):
     """Call ``f`` (at least once) until ``seconds`` have passed. After each
     pause the harness runs ``WARM_UP`` seconds of untimed calls (the
     autotuner's setting, see there): a block timed straight after a sleep
-    measured a host still giving the idle vCPU its speed back (a 4M-element
-    gelu 5.5 ms instead of 1.5)."""
+    measures a virtual CPU waking up, not the kernel (docs/benchmarks.md,
+    Method)."""
     end = time.perf_counter() + seconds
     while True:
         f()
@@ -352,6 +360,60 @@ def copy_call(n, dtype):
     return (lambda: parallel_copy(x, out)), 2 * x.nbytes
 
 
+#: Elements per thread of :func:`fma_peak`'s working row (4-8 KiB: in L1).
+FMA_ROW = 1024
+
+
+@cpu_kernel(parallel=True)
+def fma_peak(x, reps, a, b):
+    """``reps`` passes of 8 multiply-adds on every element of each row of
+    ``x`` (one row per thread): the arithmetic limit of a compute-bound
+    kernel. Four independent chains per vector keep both FMA pipes busy
+    (one chain waits on the FMA latency); the row stays in L1."""
+    for t in prange(x.shape[0]):
+        row = x[t]
+        q = row.size // 4
+        for r in range(reps):
+            for j in range(q):
+                v0 = row[j]
+                v1 = row[j + q]
+                v2 = row[j + 2 * q]
+                v3 = row[j + 3 * q]
+                for _ in range(8):
+                    v0 = v0 * a + b
+                    v1 = v1 * a + b
+                    v2 = v2 * a + b
+                    v3 = v3 * a + b
+                row[j] = v0
+                row[j + q] = v1
+                row[j + 2 * q] = v2
+                row[j + 3 * q] = v3
+
+
+def measure_fma_peak(dtype, rounds=5, pause=0.05, threads=None):
+    """GFLOP/s of :func:`fma_peak` in ``dtype`` on ``threads`` rows (default:
+    nbops' thread count): the fastest of ``rounds`` calls of about 10 ms."""
+    import nbops
+
+    dtype = np.dtype(dtype)
+    nt = threads or nbops.get_num_threads()
+    x = np.zeros((nt, FMA_ROW), dtype)
+    a, b = dtype.type(0.999999), dtype.type(1e-6)
+    fma_peak(x, 1, a, b)  # compiles
+    reps = 64
+    while True:  # double until a call takes 10 ms
+        t0 = time.perf_counter()
+        fma_peak(x, reps, a, b)
+        if time.perf_counter() - t0 >= 0.01 or reps >= 1 << 24:
+            break
+        reps *= 2
+    # the fastest round: a peak, which other processes can only lower
+    (ts,) = time_interleaved([lambda: fma_peak(x, reps, a, b)], rounds, pause, min_block=0.0,
+                             samples=True)
+    t = min(ts)
+    return 2 * 8 * FMA_ROW * nt * reps / t * 1e-9
+
+
 def max_error(y, ref):
     """Largest ``|y - ref| / (1 + |ref|)`` over all elements (absolute error
     near zero, relative error for large values), with NaN matching NaN and
@@ -410,10 +472,9 @@ def run_case(case, n, dtype, *, device="cpu", rounds=5, pause=0.05, copy_gbps=No
 
     ``copy``, a ``(call, bytes)`` pair of :func:`copy_call`, is timed in the
     same interleaved rounds as a memory-bound case on the CPU, and the
-    fraction of its bandwidth is the median of the per-round fractions:
-    this VM's copy swung between 26 and 94 GB/s within a minute, so a copy
-    measured once before a table of cases moved their fractions by as
-    much."""
+    fraction of its bandwidth is the median of the per-round fractions: a
+    virtual machine's bandwidth swings within a minute, and a copy measured
+    once would move every fraction with it (docs/benchmarks.md, Method)."""
     dtype = np.dtype(dtype)
     res = Result(case.name, case.family, n, dtype.name, device, copy_gbps=copy_gbps,
                  tol=case.tolerance(dtype))
@@ -514,11 +575,21 @@ def copy_row(n, dtype, gbps):
                   f"{gbps:.1f}", "100%"])
 
 
-def run_bench(selected, sizes, dtypes, *, rounds=5, pause=0.05, write=print):
+def peak_row(dtype, gflops):
+    """The line of the FMA peak kernel, against which GFLOP/s is read."""
+    return _line(["fma peak", "", np.dtype(dtype).name, "", "", "", "", "",
+                  f"{gflops:.1f}"])
+
+
+def run_bench(selected, sizes, dtypes, *, rounds=5, pause=0.05, write=print, peaks=None):
     """Measure every case in ``selected`` at every size and dtype, writing the
     table as it goes; returns ``(results, copies)`` where ``copies`` maps
-    ``(n, dtype name)`` to the copy kernel's GB/s measured just before."""
+    ``(n, dtype name)`` to the copy kernel's GB/s measured just before.
+    A dict given as ``peaks`` receives the FMA peak (GFLOP/s, see
+    :func:`measure_fma_peak`) per dtype name, measured once per dtype where
+    a compute-bound case runs and set on its results."""
     results, copies = [], {}
+    peaks = {} if peaks is None else peaks
     for family, error in broken().items():
         write(f"{family}: not loaded, {error}")
     for case in selected:
@@ -536,9 +607,55 @@ def run_bench(selected, sizes, dtypes, *, rounds=5, pause=0.05, write=print):
             copy = copy_call(n, dtype)
             copies[(n, dtype.name)] = gbps = measure_copy(n, dtype, rounds, pause)
             write(copy_row(n, dtype, gbps))
+            if dtype.name not in peaks and any(c.flops is not None for c in todo):
+                peaks[dtype.name] = measure_fma_peak(dtype, rounds, pause)
+                write(peak_row(dtype, peaks[dtype.name]))
             for case in todo:
                 res = run_case(case, n, dtype, rounds=rounds, pause=pause, copy_gbps=gbps,
                                copy=copy)
+                if res.flops is not None:
+                    res.peak_gflops = peaks.get(dtype.name)
                 results.append(res)
                 write(table_row(res))
     return results, copies
+
+
+# ---------------------------------------------------------------------------
+# Markdown: one line per case, for docs/benchmarks.md and the README
+
+
+def _limit_text(r):
+    if r.flops is not None:
+        text = f"{_fmt(r.gflops, '.0f')} GFLOP/s"
+        if r.peak_fraction is not None:
+            text += f", {r.peak_fraction:.0%} of FMA peak"
+        return text
+    if r.copy_fraction is None:
+        return "-"
+    return f"{r.copy_fraction:.0%} of copy ({_fmt(r.gbps, '.1f')} GB/s)"
+
+
+def markdown_table(results):
+    """A Markdown table with one line per case and dtype (its largest size
+    measured): times, the speed-up over the baseline, and the limit, i.e.
+    the fraction of the paired copy's bandwidth (memory-bound cases) or of
+    the FMA peak (cases that count FLOPs). Failed or skipped cases show
+    their note."""
+    largest = {}
+    for r in results:
+        key = (r.case, r.dtype)
+        if key not in largest or r.n >= largest[key].n:
+            largest[key] = r
+    lines = ["| case | family | size | dtype | nbops | baseline | speed-up | limit |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in largest.values():
+        head = f"| {r.case} | {r.family} | {size_label(r.n)} | {r.dtype} | "
+        if r.t_nbops is None:
+            lines.append(head + f"{r.note or '-'} | | | |")
+            continue
+        case = cases().get(r.case)
+        base = case.baseline_name if case is not None else "baseline"
+        ratio = _fmt(r.ratio, ".2f") + ("x" if r.ratio else "")
+        lines.append(head + f"{fmt_time(r.t_nbops)} | {fmt_time(r.t_baseline)} ({base}) | "
+                     f"{ratio} | {_limit_text(r)} |")
+    return "\n".join(lines)
