@@ -69,16 +69,14 @@ __all__ = ["autotune", "Autotuner", "AutotuneCacheWarning", "enabled", "cache_di
 FORMAT = 4
 
 #: Seconds of untimed runs before a tuning's timed rounds (and, in the
-#: benchmark harness, after each pause): on the development VM the first
-#: 5-10 ms of work after an idle spell ran up to 3.5x slower than the rest.
+#: benchmark harness, after each pause): work right after an idle spell
+#: runs slower on a virtual CPU (docs/benchmarks.md, Method).
 WARM_UP = 0.02
 
 #: Timed rounds continue past ``repeat`` while they have taken less than
 #: ``ROUND_BUDGET`` seconds, up to ``MAX_ROUNDS``: five single calls decided
-#: near ties (4%) by noise (a 1x1 convolution's direct algorithm stored at
-#: 256 us against the implicit GEMM's 263; interleaved over 21 rounds the
-#: GEMM took 246-262 us and the direct one 263-277). Small shapes are
-#: cheap to time more often.
+#: near ties by noise (docs/benchmarks.md, figures behind the source's
+#: choices). Small shapes are cheap to time more often.
 ROUND_BUDGET = 0.25
 MAX_ROUNDS = 31
 
@@ -86,10 +84,9 @@ MAX_ROUNDS = 31
 #: Share of the machine's CPU time (all CPUs over the tuning's duration)
 #: that other processes, or the hypervisor (steal), may take while a tuning
 #: runs for its result to be stored on disk; above it the choice serves the
-#: running process only, and the next one tunes again. A shared cache once
-#: kept, for good, the times of a tuning that ran beside a test suite:
-#: 7.7 ms for a convolution that takes 0.9 ms, and the slower of its
-#: algorithms chosen.
+#: running process only, and the next one tunes again: a tuning timed beside
+#: a busy process once stored the slower algorithm for good
+#: (docs/benchmarks.md, figures behind the source's choices).
 LOAD_LIMIT = 0.25
 
 
@@ -366,8 +363,8 @@ class Autotuner:
         for at least ``WARM_UP`` seconds (see there); then ``repeat`` rounds
         time each config once, in alternating order, so that a burst of
         load from elsewhere hits all configs alike instead of the one being
-        timed in its block (blocks per config once stored a 24 ms time
-        against 3 ms for the same shape, and the choice with it), and more
+        timed in its block (blocks per config once stored a time 8x too
+        long, and the wrong choice with it), and more
         rounds follow while they have taken under ``ROUND_BUDGET`` seconds
         (up to ``MAX_ROUNDS``). The median of a config's rounds counts;
         rounds stop early once they have taken 2 s and at least 3 (large
