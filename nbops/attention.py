@@ -31,10 +31,9 @@ _dispatch.register_kernel("attention_bool_mask", CUDA, "nbops.cuda.attention:boo
 
 #: CPU tiles when tuning is off: 64 queries (two float32 register-tile
 #: widths) by 128 keys. Per thread that is a 32 KiB score block, a
-#: 16 KiB Q tile and a 16 KiB output accumulator at D = 64: L2-resident.
-#: Measured at B=4, H=8, D=64, L=1024 (float32, 2 threads, CPU seconds per
-#: call on a shared machine): 64 x 128 about 11% ahead of 64 x 64, 3-8% ahead
-#: of 128 x 64 and 128 x 128, level with 64 x 256 and 96 x 128.
+#: 16 KiB Q tile and a 16 KiB output accumulator at D = 64: L2-resident;
+#: the fastest of the candidates below or level with them at L = 1024
+#: (docs/benchmarks.md, figures behind the source's choices).
 DEFAULT_CONFIG = {"BQ": 64, "BK": 128}
 
 #: Candidates the autotuner times on the CPU.

@@ -3,8 +3,8 @@ coefficients are picked per lane by a permute.
 
 Why: a float64 softplus through :mod:`nbops.cpu._approx` is an exponential
 and a degree-19 polynomial, about 42 vector operations per 8 elements, and
-runs compute-bound at half a copy's bandwidth on 2 Zen 5 cores (13.3 ms
-against 6.2 ms for 16M elements). A polynomial per unit interval of the
+runs compute-bound at about half a copy's bandwidth (docs/benchmarks.md).
+A polynomial per unit interval of the
 argument needs no exponential: ``vpermt2pd`` picks each coefficient for 8
 lanes at once from a 16-entry table held in two registers, and a permute
 issues beside the FMAs. LLVM never emits it from scalar code (a table
@@ -25,9 +25,8 @@ kernels keep the general formulas (:func:`host_available` tells them).
 
 Not everything gains: gelu's ``Phi(-a) = exp(-a^2/2) M(a)`` with M from a
 degree-15 table in place of ``_approx.ndtr``'s rational of degrees 10/11
-and its division was 8-17% slower in cache and 0.64x in the 16M bench
-(the exponential stays, and 16 permutes cost more than 6 FMAs and a
-division); not kept.
+and its division was slower (the exponential stays, and 16 permutes cost
+more than 6 FMAs and a division; docs/benchmarks.md); not kept.
 
 Accuracy: the polynomials' approximation error is at most 1.2e-16
 relative (``tools/fit_approx.py softplus64``, which generated the table
@@ -234,8 +233,8 @@ def _piecewise(builder, columns, j, t):
     """Horner's rule in ``t`` whose coefficient k in each lane is column k
     of the table permuted by that lane's interval index ``j``. Each permute
     is emitted beside the FMA that takes it: all 15 emitted first (one
-    Horner helper for both) stayed live together, and the run fell from
-    1.3-1.4x the formula's kernel to 0.77-0.93x at 16M."""
+    Horner helper for both) stayed live together and made the run slower
+    than the formula's kernel (docs/benchmarks.md)."""
     acc = None
     for lo, hi in reversed(columns):
         c = _call(builder, "llvm.x86.avx512.vpermi2var.pd.512", lo, j, hi,

@@ -224,9 +224,8 @@ def _stride2_windows(kw, average):
       ``wrec[o]`` holds ``1 / d``. The quotient is ``q = s * (1/d)``
       corrected once with the FMA residual ``s - q d`` (Markstein: the
       correctly rounded quotient, as a division gives, NaN and infinities
-      passed through): with the vector division, 3x3/2 on [8, 64, 112, 112]
-      took 0.87-1.0 ms on the Zen 5 VM, this way 0.73-0.78 (the max pool
-      0.54).
+      passed through), cheaper than the vector division
+      (docs/benchmarks.md).
 
     The same operations as the scalar loops they replace, so the same
     results; ``row`` must hold ``2 n + SPARE`` elements. Written in LLVM
@@ -235,8 +234,7 @@ def _stride2_windows(kw, average):
     ones shifted by one, with a third load), the last partial block stored
     under a mask. LLVM vectorizes a loop only from 64 iterations on (16
     lanes, 4 interleaved), so the Numba loop over a 56-column ResNet row
-    ran scalar: 0.42 of the 1.0 ms that max pool 3x3/2 took on
-    [8, 64, 112, 112], and this one takes 0.2 ms."""
+    ran scalar and took most of the pool's time (docs/benchmarks.md)."""
 
     def typer(typingctx, dst, row, n, *rest):
         # 1-D C-contiguous arrays only: the code reads the data pointers
@@ -519,9 +517,7 @@ def _avg_rows_kernel(KW, SW):
                 hdiv = x.dtype.type(divisor if divisor > 0 else
                                     (hcount if include_pad else h1 - h0))
                 # the rows [h0, h1), walked as the max pool walks its window:
-                # a loop over range(h0, h1) ran the kernel 1.3-1.5x slower
-                # (0.78-0.87 ms against 0.52-0.69 for 3x3/2 on
-                # [8, 64, 112, 112], replicas paired in one process)
+                # a loop over range(h0, h1) ran slower (docs/benchmarks.md)
                 first = True
                 for i in range(kh):
                     ih = oh * sh - ph + i
