@@ -15,23 +15,19 @@ Why not stream every formula: the streamed kernel alternates a compute
 phase (the block into L1) with a store phase (the block out to memory), and
 the non-temporal stores of a block stall once the write-combining buffers
 are full, so the two phases do not overlap. That is free when the compute
-phase is short, and costs more than the saved traffic when it is not: at
-16M elements, 2 Zen 4 cores, paired against the flat kernel in one
-process, float64 tanh / elu / silu / sigmoid ran at 70 / 68 / 72 / 79% of a
-copy's bandwidth streamed and 92 / 88 / 93 / 96% flat, float32 tanh 82%
-against 109%, gelu 65% against 80%; relu / leaky_relu / hardswish streamed
-ran at 112-152% against 109-130% flat.
+phase is short, and costs more than the saved traffic when it is not
+(docs/benchmarks.md, activations: which kernels stream).
 They differ only in the scalar formula, so one generator builds them all.
 
 Where :mod:`nbops.cpu._piecewise` has a vector run for an activation
 (softplus) and the target has AVX-512, float64 arrays go through one more
 pair of flat kernels: whole vectors by the run's table, the last few
-elements by the formula (float64 softplus: 77-83% of copy against 48-57%).
+elements by the formula (about 1.5x the formula's kernel; docs/benchmarks.md).
 
 In place (``out=x``, or a backward's ``out=g`` / ``out=v``), the flat
 kernel would run its scalar loop: ``x`` and ``out`` are two arrays to LLVM,
 and its runtime overlap test before the vector loop fails when they are the
-same memory (in-place gelu ran 7-11x slower than out of place). So each
+same memory (in-place gelu ran several times slower than out of place). So each
 operator has an in-place pair too, indexing the one array it reads and
 writes; streamed and vector-run kernels need none (they write from a buffer
 or from registers).
