@@ -9,8 +9,7 @@ so one compilation per width (1, 2, 4, 8 bytes) serves every dtype.
 
 Every index is cast to ``uint64``: the plan keeps offsets >= 0, and a signed
 index makes Numba test each one for negative wrap-around, which costs the
-tile kernel a third of its speed (1.7 vs 1.15 ns per float32 element,
-single-threaded CPU time, 2048^2).
+tile kernel a third of its speed (docs/benchmarks.md).
 
 Loop shapes:
 
