@@ -29,15 +29,14 @@ runs vectorized only after a runtime test that they do not overlap. LLVM
 enclosing loop, widening each range to every outer iteration; for Numba's
 array views (row ``t`` of a 2-D array, strides known only at run time)
 the widened test fails whatever the arrays, and the loop runs scalar on
-every call (an inner loop of that shape measured 0.74 against 0.12 ns per
-element). With ``hoist_checks=False`` the wrapper sets the LLVM option to
+every call (several times slower; docs/benchmarks.md). With ``hoist_checks=False`` the wrapper sets the LLVM option to
 false for the kernel's compilation, under Numba's compiler lock, and back
 to LLVM's default after it (a user's own compilations are left as they
 were, unless they had changed that option themselves). Opt-in: the
 checks then run once per outer iteration, which cost the small-matrix
-GEMM kernels 25% when tried on every kernel, while the spiking backward
-(per-neuron accumulators written while rows of ``[T, n]`` buffers are
-read) ran 1.45x faster.
+GEMM kernels more than it saved, while the spiking backward (per-neuron
+accumulators written while rows of ``[T, n]`` buffers are read) gained
+(docs/benchmarks.md).
 
 Numba's on-disk cache checks only the source file of the function it
 caches, not the modules that function calls into; a kernel built from

@@ -8,9 +8,9 @@ Why not ``np.dot`` on row blocks (the first version): BLAS takes leading
 dimensions and transpose flags, so a transposed or sliced operand with one
 unit stride is passed as it lies, never copied; and C can be split over
 its columns, where each call then packs a slice of B instead of all of it
-(B is the larger operand of a linear layer's product). Measured on 2 Zen 4
-cores, 256 x 512 x 784 float32: row halves 1.20 ms, column halves 1.08 ms,
-NumPy's own 2-thread BLAS 1.06 ms.
+(B is the larger operand of a linear layer's product): column halves ran
+level with NumPy's own threaded BLAS, row halves behind it
+(docs/benchmarks.md).
 """
 
 import types as pytypes

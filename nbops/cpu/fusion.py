@@ -168,8 +168,8 @@ def _source(prog, mode, reduce, ndim, axis, classes):
         else:
             idx = "j" if cls == "1" else f"j * ST[{a * D + L}]"
             # unsigned: a signed index gets a negative-wraparound select per
-            # element, and LLVM then vectorizes the loads as gathers (5x
-            # slower on Zen 4); every index here is in bounds and >= 0
+            # element, and LLVM then vectorizes the loads as gathers (several
+            # times slower); every index here is in bounds and >= 0
             loads.append(f"x{a} = a{a}[uint64({base}{a} + {idx})]")
     inner = ind + "    "
     body.append(f"{ind}for j in range(jlo, jhi):")
