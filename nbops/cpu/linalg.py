@@ -42,8 +42,8 @@ row blocks to feed every thread. ``_batched`` (many products) runs
 rows) and ``_stream`` (a linear layer's ``x @ W.T`` of up to 512 rows,
 ``stream_route``) never copy the weight: ``_stream`` computes ``C^T = W @
 x^T`` with the small-product tile reading W's rows where they lie and x^T
-copied once into slivers, 2x NumPy's BLAS on 64-512 x 4096 by 4096 x 4096
-where the packed driver, copying all of W every call, ran at 0.6-1.3x.
+copied once into slivers, well ahead of the packed driver, which copies all
+of W every call (docs/benchmarks.md, GEMM).
 
 Small products (``small_route``: m, n, k all at most the config's
 ``SMALL``, default 128, and at least one product per thread) skip packing
@@ -59,9 +59,7 @@ per product after its tiles. Products of 4-16 KiB of operands prefetch
 the next one (``PREFETCH_PRODUCT_BYTES``). Copies happen only where a
 tile cannot read in place: B with non-unit column stride (copied
 row-major), C narrower than one vector (B padded, one scratch tile),
-fewer than MR rows (A padded). Per core it ran at about 0.9x
-OpenBLAS's per-product calls on 32^3 and 64^3 float32 stacks (2-3x the
-packed ``_batched`` driver) before the prefetch.
+fewer than MR rows (A padded). Measurements: docs/benchmarks.md, GEMM.
 
 The epilogue tile is one kernel per dtype shared by all drivers (compiled
 once); it is always called with runtime values, since a literal argument
@@ -90,8 +88,8 @@ CPU_ONLY = ("gemm_blas",)
 EPILOGUES = ("none",) + _formulas.FORWARD
 
 #: Register tile (MR, NR) per dtype: 8 rows of two 512-bit vectors of C,
-#: 16 accumulator registers (8x32 float32 ran at 161 GFLOP/s per core of CPU
-#: time here, 8x16 at 141, 16x16 at 166 with twice the A broadcasts).
+#: 16 accumulator registers (the fastest tile but one, with half the A
+#: broadcasts of the fastest; docs/benchmarks.md, GEMM).
 TILES = {np.dtype(np.float32): (8, 32), np.dtype(np.float64): (8, 16)}
 
 #: Rows of B ahead that the row-by-row packing requests.
@@ -153,8 +151,8 @@ def _prefer_wide_vectors(typingctx):
 
     LLVM's tuning for recent Intel (and some AMD) cores prefers 256-bit
     vectors, so the SLP vectorizer built the accumulator rows from ymm
-    registers: half of the FMA width of AVX-512 (87 against 141 GFLOP/s per
-    core for an 8x16 float32 tile). The attribute lifts that for the
+    registers: half of the FMA width of AVX-512 (docs/benchmarks.md). The
+    attribute lifts that for the
     micro-kernel only; on hosts without AVX-512 it changes nothing."""
 
     def codegen(context, builder, signature, args):
@@ -506,10 +504,9 @@ def _unsigned_scope(n):
 #: Default bound of the small-product route on m, n and k (``SMALL`` in the
 #: GEMM configs, the same default): A, B and C of a 128^3 float32 product
 #: take 192 KiB, well inside a 1-2 MiB L2, and each k x 32 panel of B
-#: (16 KiB) stays in L1 while A streams past it. Measured per core against
-#: the packed driver on the same stacks: 1.3-1.6x at 128^3, still 1.3-1.5x
-#: at 256^3, 1.8-2.9x at 32^3-64^3, 2-5x where C is narrower than a vector;
-#: the bound stays at 128 so that the A rows a tile streams remain in L2.
+#: (16 KiB) stays in L1 while A streams past it. Ahead of the packed driver
+#: up to 256^3 (docs/benchmarks.md, GEMM); the bound stays at 128 so that
+#: the A rows a tile streams remain in L2.
 SMALL_MAX = 128
 
 
@@ -653,9 +650,8 @@ def small_driver(dtype):
 #: streamed-weight driver where the config enables it (``STREAM``, the
 #: columns of C a task owns). The packed driver copies the whole weight into
 #: slivers every call, as much memory traffic as the product has arithmetic
-#: at 64 rows: 64 x 4096 by 4096 x 4096 ran at 118 GFLOP/s there, 405 here
-#: (NumPy 188-202); 256 rows: 331 -> 460 (NumPy 245). Past this bound the
-#: transposed result (MAX x n) outgrows the caches.
+#: at 64 rows (docs/benchmarks.md, GEMM). Past this bound the transposed
+#: result (MAX x n) outgrows the caches.
 STREAM_MAX_ROWS = 512
 #: Blocks of C's columns per thread.
 STREAM_TASKS_PER_THREAD = 4
@@ -809,10 +805,8 @@ def gemm(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act, pr
 
 #: Rows of A up to which one product (no batch) is GEMV-shaped: each element
 #: of B is read from memory once and used ``m`` times, too few to pay for
-#: packing it. A 1 x 2048 by 2048 x 1000 ``linear`` took 3.2 ms through the
-#: packed kernel (packing the 8 MB weight) and 1.3 ms through the BLAS
-#: route, 0.09 ms here (NumPy 0.07); 16 x 4096 by 4096 x 4096: packed 21.5
-#: ms, here 7.8 (NumPy 10.6); at 64 rows the packed kernel is ahead again.
+#: packing it; at 64 rows the packed kernel is ahead again
+#: (docs/benchmarks.md, GEMM).
 GEMV_MAX_ROWS = 16
 #: Column blocks per thread and the least columns per block.
 GEMV_TASKS_PER_THREAD = 4
