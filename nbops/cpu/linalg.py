@@ -88,8 +88,8 @@ CPU_ONLY = ("gemm_blas",)
 EPILOGUES = ("none",) + _formulas.FORWARD
 
 #: Register tile (MR, NR) per dtype: 8 rows of two 512-bit vectors of C,
-#: 16 accumulator registers (the fastest tile but one, with half the A
-#: broadcasts of the fastest; docs/benchmarks.md, GEMM).
+#: 16 accumulator registers (within a few percent of 16x16, which needs
+#: twice the A broadcasts; docs/benchmarks.md, GEMM).
 TILES = {np.dtype(np.float32): (8, 32), np.dtype(np.float64): (8, 16)}
 
 #: Rows of B ahead that the row-by-row packing requests.
