@@ -26,8 +26,8 @@ norm folded in) and ``act`` is 0 (none) or 1 (relu). Four algorithms:
   with register tiles that read those rows where they lie (a table of K
   row offsets, no packing at all), over the output at pitch Wp; the
   epilogue drops the padding columns. For 3x3 64->64 at 56x56 (M = 64 is
-  too short for packing im2col panels to pay) 1.20x / 1.31x the best other
-  algorithm at batch 1 / 8, paired; the autotuner keeps the others where
+  too short for packing im2col panels to pay) ahead of the best other
+  algorithm (docs/benchmarks.md, convolution); the autotuner keeps the others where
   they win (large C at small maps, 1x1). Strided convolutions run it
   too, on the input dealt into sh x sw phases that become channels, each
   tap a row of the phase it reads (``_direct_phases``: no tap added, a
@@ -94,7 +94,7 @@ def conv2d(x, w, wscale, bias, out, geo, act, res, algo="igemm", NC=256, KC=256)
         # a strided 1x1 convolution is a stride-1 one on the pixels it
         # reads: copied out once (a quarter of the input at stride 2), they
         # go through every algorithm's fastest path (the implicit GEMM reads
-        # them in place); 256->512 from 56x56 to 28x28: 0.70 -> 0.59 ms
+        # them in place; docs/benchmarks.md)
         x = _subsampled(x, geo)
         geo = (C, OH, OW, 1, 1, 1, 1, 0, 0, 1, 1, OH, OW, G, CO)
         sh = sw = 1
@@ -146,8 +146,8 @@ def _add_residual(of, res, act):
 def _subsampled(x, geo):
     """The input pixels a 1x1 convolution without padding reads at strides
     (sh, sw), as a C-contiguous (n, C, OH, OW) array: phase (0, 0) of each
-    plane (NumPy's strided copy of them took 79 us of the 0.59 ms that 1x1
-    256->512 at stride 2 from 56x56 takes)."""
+    plane, copied in parallel (NumPy's strided copy was a seventh of the
+    convolution's time; docs/benchmarks.md)."""
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
     n = x.size // (C * H * W)
     sub = np.empty((n, C, OH, OW), x.dtype)
@@ -196,10 +196,9 @@ def _igemm(xf, wf, wscale, bias, of, geo, act, res, NC, KC):
 def _rows_in_place(geo):
     """Whether the im2col matrix's rows are the input's planes themselves
     (1x1, stride 1, no padding): then the micro-kernel reads whole NR-wide
-    slivers where they lie and only a partial last sliver is packed. For
-    1x1 256->64 at 56x56, batch 1: 0.22-0.25 ms against 0.30 ms packing
-    every sliver (each is used by MC / MR row tiles only, so the copy was a
-    large share of the work)."""
+    slivers where they lie and only a partial last sliver is packed (each is
+    used by MC / MR row tiles only, so packing was a large share of the
+    work; docs/benchmarks.md)."""
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
     return KH == 1 and KW == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0
 
@@ -274,8 +273,8 @@ def _window_row(dst, d0, xf, src, lo, hi, seg, sw, zero):
     ``xf[src + t * sw]`` for t in [lo, hi) and zero (padding) elsewhere.
     Unsigned offsets (``src`` may wrap below zero; the sums come out right)
     and a unit-stride branch: the short rows of late layers (14 pixels)
-    copied with signed, wraparound-checked indices took 0.39 ms for the
-    im2col of a 256-channel 14x14 3x3 convolution, 0.11 ms this way."""
+    copied with signed, wraparound-checked indices took several times as
+    long (docs/benchmarks.md)."""
     for t in range(U(lo)):
         dst[d0 + t] = zero
     if sw == 1:
@@ -590,8 +589,8 @@ def _direct_phases(x, w, wscale, bias, out, geo, geo_s, act, res):
     layers run at the direct kernel's rate instead of the implicit GEMM's
     strided packing. ``geo_s`` from :func:`phases_geo`. The phases are
     dealt straight into the padded planes (``_deal_phases``, in parallel;
-    NumPy's pad and 6-D transpose had taken 1.4 ms of 2.8 for 3x3/2 128->128
-    from 56x56)."""
+    NumPy's pad and 6-D transpose had taken half the time;
+    docs/benchmarks.md)."""
     C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
     _, hs, ws = geo_s[:3]
     boff = _phase_offsets(C // G, KH, KW, sh, sw, dh, dw, hs, ws)
@@ -767,8 +766,8 @@ def _depthwise_padded(xf, wf, wscale, bias, of, geo, act, Hp, Wp, nchunk):
     # strided output needs (padding columns and, at stride 2, the skipped
     # rows and columns computed and dropped): every tap is one unit-stride
     # loop over the whole span. Row by row the loops were OW long (28-112
-    # in MobileNet), and LLVM leaves loops under 64 iterations scalar: 2.1-
-    # 3.1x slower at stride 1, 2.7x at stride 2 despite 4x the arithmetic.
+    # in MobileNet), and LLVM leaves loops under 64 iterations scalar: two to
+    # three times slower despite 4x the arithmetic (docs/benchmarks.md).
     # The taps add in the order of _depthwise (kh, then kw): float32 results
     # came out bit-identical to it on every shape tried, float64 ones differ
     # in the last bits where the two kernels' loops round their multiply-adds
@@ -982,7 +981,7 @@ def _blas_route(x, w, wscale, bias, out, geo, act, res):
     # every group's product through the GEMM's BLAS route (SciPy's BLAS on
     # one thread per band inside Numba's threads): NumPy's np.dot ran its
     # own thread pool, which spun against Numba's between the im2col and
-    # epilogue kernels (each product 4-8 ms longer on 2 cores)
+    # epilogue kernels (docs/benchmarks.md)
     offa = np.arange(G, dtype=np.int64) * (mg * k)
     offb = np.arange(G, dtype=np.int64) * (k * p)
     none = np.empty(0, out.dtype)
