@@ -160,9 +160,8 @@ def hardswish(x, p, c):
 
 def relu_backward(g, x, p, c):
     # The zero side reads g too (|g| * 0, 0 again where g is inf or NaN):
-    # read on one side only, g's load became a masked load (vmovups {k}{z}),
-    # and the kernel ran 1.07-1.13x slower at 16M elements than with g
-    # read on both sides (leaky_relu's form), 1.02-1.05x this way.
+    # read on one side only, g's load became a slower masked load
+    # (vmovups {k}{z}; docs/benchmarks.md, activations).
     z = abs(g) * c.zero
     return g if x > c.zero else (z if z == z else c.zero)
 

@@ -148,9 +148,8 @@ def _forward_rows(x, xi, out, log, nchunk, stream):
                     mk = _row_max_key(xi[r + 1], lowest, sign, low)
             else:
                 # the last pass and the next row's maximum in one loop: the
-                # next row's loads overlap this row's cached stores (1.09x
-                # at [65536, 512], 25 paired rounds; the last row re-reads
-                # itself)
+                # next row's loads overlap this row's cached stores
+                # (docs/benchmarks.md; the last row re-reads itself)
                 nxt = xi[r + 1] if r + 1 < r_end else xi[r]
                 mk = lowest
                 for j in range(n):

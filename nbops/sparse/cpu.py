@@ -117,9 +117,8 @@ def spmv(data, indices, indptr, x, y, scale):
 # A row of C is computed a block of dense columns at a time (up to 8 cache
 # lines of it), its accumulators held in vector registers while the row's
 # nonzeros stream past (:func:`_axpy_rows`). Accumulated in C itself, each
-# nonzero's update waited for the store of the previous one: 2.5x slower
-# with B in cache, 1.15-1.25x in the 1M x 1M benchmark, whose time goes to
-# fetching B's random rows from memory.
+# nonzero's update waited for the store of the previous one
+# (docs/benchmarks.md).
 @cpu_kernel(parallel=True)
 def _spmm(data, indices, indptr, B, C, scale, stream, n_chunks):
     n = B.shape[1]
