@@ -15,6 +15,8 @@ cache directory of its own (``NBOPS_BOUNDSCHECK_CACHE``, default
   cross every block edge, strided and zero-stride views, 0 and 1 sizes),
   the quantized ones among them: the int8 GEMM (packed and raw operands,
   the 8 x 32 tile's partial edges, k not a multiple of four) and QLinearConv.
+  The neuron backward rows are left out: their finite differences make them
+  nine minutes bounds-checked, past the subprocess's limit in CI.
 
 A first run compiles those kernels again with checks (about two CPU
 minutes); later runs load them from that cache. The whole kernel suite
@@ -45,7 +47,8 @@ for index_dtype in ("int32", "int64"):
     t.csr_kernels_on_edge_matrices(index_dtype)
 print("edge matrices: ok", flush=True)
 sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "test_fuzz.py", "-k",
-                      "test_fuzz and ({' or '.join(f + '-' for f in FAMILIES)})"]))
+                      "test_fuzz and not _backward and "
+                      "({' or '.join(f + '-' for f in FAMILIES)})"]))
 """
 
 
