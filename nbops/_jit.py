@@ -58,6 +58,7 @@ from numba.core.compiler_lock import global_compiler_lock
 from numba.core.errors import NumbaIRAssumptionWarning
 
 from . import _fastload
+from ._codegen import bind
 
 #: Flags for elementwise and register-tiled kernels (no nnan/ninf, no reassoc).
 FASTMATH = frozenset({"contract", "nsz", "arcp", "afn"})
@@ -90,7 +91,7 @@ def cpu_kernel(fn=None, *, parallel=False, fastmath=FASTMATH, slp=True, hoist_ch
 
 
 #: Sources that kernels in other files compile into themselves.
-SHARED_SOURCES = ("_jit.py", "_formulas.py", "cpu/_approx.py", "cpu/_memory.py",
+SHARED_SOURCES = ("_jit.py", "_codegen.py", "_formulas.py", "cpu/_approx.py", "cpu/_memory.py",
                   "cpu/_piecewise.py", "neuromorphic/lif.py", "cpu/linalg.py")
 _digest = None
 
@@ -151,13 +152,6 @@ def serial_and_parallel(fn, name, **options):
     keep small inputs off the thread pool, whose wake-up and barrier cost
     more than a short loop. ``name`` gives each its own on-disk cache entry.
     """
-    import types
-
-    made = []
-    for parallel in (False, True):
-        kind = "parallel" if parallel else "serial"
-        f = types.FunctionType(fn.__code__, fn.__globals__, f"{name}_{kind}",
-                               fn.__defaults__, fn.__closure__)
-        f.__qualname__ = f.__name__
-        made.append(cpu_kernel(f, parallel=parallel, **options))
-    return tuple(made)
+    return tuple(cpu_kernel(bind(fn, fn.__globals__, f"{name}_{kind}"), parallel=parallel,
+                            **options)
+                 for parallel, kind in ((False, "serial"), (True, "parallel")))

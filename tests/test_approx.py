@@ -22,8 +22,8 @@ import scipy.special as sp
 from numba import config, njit, prange, types
 from numba.core.errors import TypingError
 
+from nbops._codegen import generated
 from nbops._jit import cpu_kernel
-from nbops.cpu.linalg import generated
 from nbops.cpu import _approx
 from nbops.cpu._approx import (erf, erfc, exp, exp_nonpos, expm1, log1p, log1pexp, ndtr,
                                ndtr_pdf, tanh)
@@ -73,7 +73,7 @@ def _eval_source():
 _eval = cpu_kernel(fastmath=FASTMATH)(generated(
     _eval_source(), "_eval", {f.__name__: f for f in (exp, exp_nonpos, expm1, log1p, erf, erfc,
                                                       tanh, ndtr, log1pexp, ndtr_pdf)},
-    __file__))
+    __name__))
 
 
 def run(name, x):

@@ -184,6 +184,7 @@ def asm_report(dtype):
     from nbops.cpu import linalg
 
     from nbops import _jit
+    from nbops._codegen import generated
 
     # a fresh, uncached dispatcher: Numba cannot show assembly loaded from its cache
     micro = numba.njit(nogil=True, fastmath=set(_jit.FASTMATH))(
@@ -206,7 +207,7 @@ def asm_report(dtype):
     for width in (nr, nn):
         name, src = linalg._small_tile_source(mr, width)
         tile = numba.njit(nogil=True, fastmath=set(_jit.FASTMATH), error_model="numpy")(
-            linalg.generated(src, name, linalg._unsigned_scope(max(mr, width))))
+            generated(src, name, linalg._unsigned_scope(max(mr, width)), linalg.__name__))
         _jit._compile_with_settings(tile, slp=True)
         tile.compile((a1, ip, ip, ip, ip, a1, ip, ip, ip, a1, ip, ip, nt, types.boolean))
         loop = max(re.split(r"\n\.LBB", tile.inspect_asm(tile.signatures[0])),

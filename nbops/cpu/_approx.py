@@ -117,7 +117,6 @@ range and approximation error.
 
 import contextlib
 import math
-from types import FunctionType
 
 import numpy as np
 from llvmlite import ir
@@ -125,6 +124,8 @@ from numba import config, njit, types
 from numba.core import cgutils, errors
 from numba.core.compiler_lock import global_compiler_lock
 from numba.extending import intrinsic, overload
+
+from .._codegen import bind
 
 __all__ = ["exp", "exp_nonpos", "expm1", "log1p", "erf", "erfc", "tanh", "ndtr", "ndtr_pdf",
            "log1pexp"]
@@ -945,8 +946,7 @@ def _instantiate(width, coefs, **special):
     scope["_int"] = np.int32 if f32 else np.int64
     scope["_float"] = np.float32 if f32 else np.float64
     for name, template in [(t.__name__, t) for t in _TEMPLATES] + list(special.items()):
-        f = FunctionType(template.__code__, scope, f"{name}_f{width}")
-        f.__qualname__ = f.__name__
+        f = bind(template, scope, f"{name}_f{width}")
         f.__doc__ = template.__doc__
         scope[name] = _jit(f)
     return scope

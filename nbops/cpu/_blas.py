@@ -13,12 +13,11 @@ level with NumPy's own threaded BLAS, row halves behind it
 (docs/benchmarks.md).
 """
 
-import types as pytypes
-
 import numpy as np
 from numba import prange, types
 from numba.np.linalg import _BLAS
 
+from .._codegen import bind
 from .._jit import serial_and_parallel
 from .linalg import _epilogue_tile
 
@@ -100,7 +99,7 @@ SERIAL_FLOPS = 1_000_000
 def _instances(xxgemm, kind, suffix):
     """(serial, parallel) kernels of the template for one BLAS kind."""
     scope = dict(globals(), XXGEMM=xxgemm, KIND=ord(kind))
-    fn = pytypes.FunctionType(_blocks_template.__code__, scope, "gemm_blocks_" + suffix)
+    fn = bind(_blocks_template, scope, "gemm_blocks_" + suffix)
     return serial_and_parallel(fn, "gemm_blocks_" + suffix)
 
 

@@ -39,12 +39,12 @@ in place. The mask, when present, is an additive float mask in the same form.
 """
 
 import math
-import types as pytypes
 
 import numpy as np
 from numba import get_num_threads, prange
 from numba.extending import register_jitable
 
+from .._codegen import bind, per_dtype
 from .._jit import FASTMATH_REDUCE, cpu_kernel
 from . import linalg as _linalg
 from ._approx import exp_nonpos
@@ -299,26 +299,15 @@ def _driver_t(qbuf, offq, sqr, sqc, kbuf, offk, skr, skc, vbuf, offv, svr, svc,
                   acc, cst)
 
 
-def _bind(template, scope, name):
-    fn = pytypes.FunctionType(template.__code__, scope, name, template.__defaults__)
-    fn.__qualname__ = name  # its own on-disk cache entry
-    return fn
-
-
-_DRIVERS = {}
-
-
+@per_dtype
 def _drivers(dt):
-    drv = _DRIVERS.get(dt)
-    if drv is None:
-        mr, nr = _linalg.TILES[dt]
-        scope = dict(globals())
-        scope.update(MR=mr, NR=nr, _micro=_linalg.micro(mr, nr))
-        scope["_online"] = cpu_kernel(_bind(_online_t, scope, f"attn_online_{mr}x{nr}"))
-        scope["_task"] = register_jitable(_bind(_task_t, scope, f"attn_task_{mr}x{nr}"))
-        drv = _DRIVERS[dt] = cpu_kernel(_bind(_driver_t, scope, f"attn_fwd_{mr}x{nr}"),
-                                        parallel=True)
-    return drv
+    """The forward driver for ``dt``'s register tile, built on first use."""
+    mr, nr = _linalg.TILES[dt]
+    scope = dict(globals())
+    scope.update(MR=mr, NR=nr, _micro=_linalg.micro(mr, nr))
+    scope["_online"] = cpu_kernel(bind(_online_t, scope, f"attn_online_{mr}x{nr}"))
+    scope["_task"] = register_jitable(bind(_task_t, scope, f"attn_task_{mr}x{nr}"))
+    return cpu_kernel(bind(_driver_t, scope, f"attn_fwd_{mr}x{nr}"), parallel=True)
 
 
 # ---------------------------------------------------------------------------

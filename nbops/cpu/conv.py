@@ -52,13 +52,13 @@ pass's patch matrix and its adjoint) use the same geometry.
 """
 
 import functools
-import types as pytypes
 
 import numpy as np
 from numba import get_num_threads, prange
 from numba.extending import register_jitable
 
 from .. import _formulas
+from .._codegen import bind, generated, per_dtype
 from .._jit import cpu_kernel
 from . import linalg as _linalg
 from ._memory import prefetch as _prefetch
@@ -447,27 +447,14 @@ def _igemm_t(xf, apk, bias, of, geo, ncol, nj, mch, act, zero, nchunks, wq, in_p
                                                g * mg + ir * MR, act, zero, res)
 
 
-_DRIVERS = {}
-
-
+@per_dtype
 def _igemm_drivers(dtype):
     """The implicit-GEMM driver for ``dtype``'s register tile, built on first use."""
-    d = _DRIVERS.get(dtype)
-    if d is None:
-        mr, nr = _linalg.TILES[dtype]
-        scope = dict(globals())
-        scope.update(MR=mr, NR=nr, _micro=_linalg.micro(mr, nr))
-        scope["_pack_cols"] = register_jitable(_bind(_pack_cols_t, scope,
-                                                     f"conv_pack_cols_{nr}"))
-        d = _DRIVERS[dtype] = cpu_kernel(_bind(_igemm_t, scope, f"conv_igemm_{mr}x{nr}"),
-                                         parallel=True)
-    return d
-
-
-def _bind(template, scope, name):
-    fn = pytypes.FunctionType(template.__code__, scope, name, template.__defaults__)
-    fn.__qualname__ = name  # its own on-disk cache entry
-    return fn
+    mr, nr = _linalg.TILES[dtype]
+    scope = dict(globals())
+    scope.update(MR=mr, NR=nr, _micro=_linalg.micro(mr, nr))
+    scope["_pack_cols"] = register_jitable(bind(_pack_cols_t, scope, f"conv_pack_cols_{nr}"))
+    return cpu_kernel(bind(_igemm_t, scope, f"conv_igemm_{mr}x{nr}"), parallel=True)
 
 
 # ---------------------------------------------------------------------------
@@ -738,21 +725,15 @@ def _direct_rows_source(mr, nr):
     return name, "\n".join(lines) + "\n"
 
 
-_DIRECT = {}
-
-
+@per_dtype
 def _direct_driver(dtype):
     """The direct-convolution driver for ``dtype``'s tile, built on first use."""
-    d = _DIRECT.get(dtype)
-    if d is None:
-        mr, nr = DIRECT_TILES[dtype]
-        name, src = _direct_rows_source(mr, nr)
-        scope = dict(globals())
-        scope.update(MR=mr, NR=nr, _rows=cpu_kernel(_linalg.generated(
-            src, name, _linalg._unsigned_scope(max(mr, nr)), filename=__file__)))
-        d = _DIRECT[dtype] = cpu_kernel(_bind(_direct_t, scope, f"conv_direct_{mr}x{nr}"),
-                                        parallel=True)
-    return d
+    mr, nr = DIRECT_TILES[dtype]
+    name, src = _direct_rows_source(mr, nr)
+    scope = dict(globals())
+    scope.update(MR=mr, NR=nr, _rows=cpu_kernel(generated(
+        src, name, _linalg._unsigned_scope(max(mr, nr)), __name__)))
+    return cpu_kernel(bind(_direct_t, scope, f"conv_direct_{mr}x{nr}"), parallel=True)
 
 
 # ---------------------------------------------------------------------------

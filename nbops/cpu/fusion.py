@@ -21,17 +21,14 @@ activations from :mod:`nbops._formulas` (registered jitable by
 ``nbops.cpu.activations``).
 """
 
-import hashlib
-import importlib.util
 import math
-import os
-import sys
 
 import numba
 import numpy as np
 from numba.extending import register_jitable
 
 from .. import _formulas
+from .._codegen import cache_dir, source_module  # noqa: F401  (cache_dir: tests)
 from . import _approx
 from . import activations as _activations  # noqa: F401  (registers the formulas)
 
@@ -74,44 +71,6 @@ OUTER_CHUNK = 2048
 SERIAL_BELOW = 1 << 16
 
 _KERNELS = {}
-
-
-def cache_dir():
-    """Where generated kernel sources live: ``$NBOPS_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/nbops`` or ``~/.cache/nbops``."""
-    base = os.environ.get("NBOPS_CACHE_DIR")
-    if not base:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        base = os.path.join(xdg, "nbops")
-    return base
-
-
-def source_module(source, prefix):
-    """Import generated ``source`` from a file named by its hash (written once),
-    so that Numba's ``cache=True`` finds it again in a later process."""
-    digest = hashlib.sha1(source.encode()).hexdigest()[:20]
-    modname = f"_nbops_{prefix}_{digest}"
-    mod = sys.modules.get(modname)
-    if mod is not None:
-        return mod
-    folder = os.path.join(cache_dir(), "fusion")
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, modname + ".py")
-    try:
-        with open(path) as f:
-            current = f.read()
-    except OSError:
-        current = None
-    if current != source:
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(source)
-        os.replace(tmp, path)
-    spec = importlib.util.spec_from_file_location(modname, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[modname] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _mode(reduce, plan):

@@ -67,13 +67,13 @@ would compile another specialisation.
 """
 
 import functools
-import types as pytypes
 
 import numpy as np
 from numba import get_num_threads, prange, types
 from numba.extending import intrinsic, register_jitable
 
 from .. import _formulas
+from .._codegen import bind, generated, per_dtype
 from .._jit import FASTMATH_REDUCE, cpu_kernel
 from .._runtime import _blas_threads
 from . import activations as _activations  # noqa: F401  (makes the formulas jittable)
@@ -129,20 +129,8 @@ def epilogue_source(fn_name="apply_epilogue"):
     return "\n".join(lines) + "\n"
 
 
-def generated(source, name, scope, filename=__file__):
-    """Execute generated ``source`` in ``scope`` and return function ``name``.
-
-    Compiled under a real file name so that Numba's on-disk cache can
-    locate it."""
-    scope.setdefault("__name__", __name__)  # the cache rebuilds globals from it
-    exec(compile(source, filename, "exec"), scope)
-    fn = scope[name]
-    fn.__qualname__ = name
-    return fn
-
-
 _apply_epilogue = register_jitable(
-    generated(epilogue_source(), "apply_epilogue", dict(vars(_formulas))))
+    generated(epilogue_source(), "apply_epilogue", dict(vars(_formulas)), __name__))
 
 
 @intrinsic
@@ -269,7 +257,8 @@ def _epilogue_tile_source():
 # of its compile time. Callers pass runtime values, never literals (a
 # literal 0 argument would compile another specialisation).
 _epilogue_tile = cpu_kernel(
-    generated(_epilogue_tile_source(), "epilogue_tile", dict(vars(_formulas))))
+    generated(_epilogue_tile_source(), "epilogue_tile", dict(vars(_formulas)),
+              __name__))
 
 
 # The drivers below are templates: _make_drivers copies them per register
@@ -403,19 +392,13 @@ def _batched_t(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, outf, nbatch, m, n, k
                            act, prm, cst)
 
 
-def _bind(template, scope, name):
-    fn = pytypes.FunctionType(template.__code__, scope, name, template.__defaults__)
-    fn.__qualname__ = name  # its own on-disk cache entry
-    return fn
-
-
 def _make_drivers(mr, nr):
     """``(tiles, batched)`` for an MR x NR register tile."""
     scope = dict(globals())
     scope.update(MR=mr, NR=nr, _micro=micro(mr, nr))
-    scope["_macro"] = register_jitable(_bind(_macro_t, scope, f"gemm_macro_{mr}x{nr}"))
-    tiles = cpu_kernel(_bind(_tiles_t, scope, f"gemm_tiles_{mr}x{nr}"), parallel=True)
-    batched = cpu_kernel(_bind(_batched_t, scope, f"gemm_batched_{mr}x{nr}"), parallel=True)
+    scope["_macro"] = register_jitable(bind(_macro_t, scope, f"gemm_macro_{mr}x{nr}"))
+    tiles = cpu_kernel(bind(_tiles_t, scope, f"gemm_tiles_{mr}x{nr}"), parallel=True)
+    batched = cpu_kernel(bind(_batched_t, scope, f"gemm_batched_{mr}x{nr}"), parallel=True)
     return tiles, batched
 
 
@@ -623,7 +606,7 @@ def tile(mr, nr):
     dispatcher per shape, shared by every driver here and by
     :mod:`nbops.cpu.conv`'s implicit GEMM."""
     name, src = _small_tile_source(mr, nr)
-    return cpu_kernel(generated(src, name, _unsigned_scope(max(mr, nr))))
+    return cpu_kernel(generated(src, name, _unsigned_scope(max(mr, nr)), __name__))
 
 
 def _make_small(mr, nr, nn):
@@ -632,11 +615,11 @@ def _make_small(mr, nr, nn):
         scope[key] = tile(mr, width)
     scope.update(MR=mr, SNR=nr, SNN=nn)
     scope["_small_product"] = register_jitable(
-        _bind(_small_product_t, scope, f"gemm_small_product_{mr}x{nr}"))
-    return cpu_kernel(_bind(_small_t, scope, f"gemm_small_{mr}x{nr}"), parallel=True)
+        bind(_small_product_t, scope, f"gemm_small_product_{mr}x{nr}"))
+    return cpu_kernel(bind(_small_t, scope, f"gemm_small_{mr}x{nr}"), parallel=True)
 
 
-@functools.lru_cache(maxsize=None)
+@per_dtype
 def small_driver(dtype):
     """The parallel small-product driver for ``dtype``, built on first use."""
     return _make_small(*SMALL_TILES[dtype])
@@ -732,10 +715,10 @@ def _stream_t(abuf, a0, sam, sak, bbuf, b0, sbn, outf, m, n, k, bias, act, prm, 
 def _make_stream(mr, nr):
     scope = dict(globals())
     scope.update(MR=mr, SR=nr, _st_tile=tile(mr, nr))
-    return cpu_kernel(_bind(_stream_t, scope, f"gemm_stream_{mr}x{nr}"), parallel=True)
+    return cpu_kernel(bind(_stream_t, scope, f"gemm_stream_{mr}x{nr}"), parallel=True)
 
 
-@functools.lru_cache(maxsize=None)
+@per_dtype
 def stream_driver(dtype):
     """The streamed-weight driver for ``dtype``, built on first use."""
     return _make_stream(*SMALL_TILES[dtype][:2])
@@ -746,10 +729,10 @@ def micro(mr, nr):
     """The compiled MR x NR micro-kernel (``_micro_source``), shared by the
     packed drivers and :mod:`nbops.cpu.conv`'s implicit GEMM."""
     name, src = _micro_source(mr, nr)
-    return cpu_kernel(generated(src, name, {"wide": _prefer_wide_vectors}))
+    return cpu_kernel(generated(src, name, {"wide": _prefer_wide_vectors}, __name__))
 
 
-@functools.lru_cache(maxsize=None)
+@per_dtype
 def drivers(dtype):
     """``(tiles, batched)``: the two packed parallel drivers for ``dtype``,
     built on first use (their micro-kernel is ``micro(*TILES[dtype])``)."""

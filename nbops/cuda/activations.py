@@ -8,11 +8,11 @@ one for strided views. Launchers have the CPU module's signatures.
 """
 
 import math
-import types
 
 from numba import cuda
 
 from .. import _formulas, _layout
+from .._codegen import twins
 from ._launch import grid_1d
 
 __all__ = list(_formulas.FORWARD + _formulas.BACKWARD) + ["swish_backward_both"]
@@ -40,13 +40,8 @@ def _device_functions():
     # Copies of every formula sharing one globals dict in which ``m`` is math
     # and each formula name is its device-function twin, so that helpers
     # called by a formula (``_sigmoid``) resolve to device code too.
-    scope = dict(vars(_formulas))
-    scope["m"] = math
-    for name, fn in _formulas.functions().items():
-        fn = _MATH_TWINS.get(name, fn)
-        copy = types.FunctionType(fn.__code__, scope, name, fn.__defaults__, fn.__closure__)
-        scope[name] = cuda.jit(device=True)(copy)
-    return scope
+    return twins({name: _MATH_TWINS.get(name, fn) for name, fn in _formulas.functions().items()},
+                 cuda.jit(device=True), dict(vars(_formulas), m=math))
 
 
 _DEVICE = _device_functions()

@@ -23,7 +23,7 @@ import numpy as np
 from numba import cuda
 
 from .. import _formulas
-from ..cpu.fusion import source_module
+from .._codegen import source_module
 from . import activations as _activations
 from ._launch import SIMULATED, grid_1d
 

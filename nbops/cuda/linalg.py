@@ -21,7 +21,8 @@ import math
 import numpy as np
 from numba import cuda, float32, float64
 
-from ..cpu.linalg import epilogue_source, generated
+from .._codegen import generated
+from ..cpu.linalg import epilogue_source
 from ._launch import SIMULATED
 from .activations import _DEVICE
 
@@ -35,7 +36,7 @@ TX, TY = BN // RN, BM // RM
 MAX_GRID_Z = 4 if SIMULATED else 65535
 
 _apply_epilogue = cuda.jit(device=True)(
-    generated(epilogue_source(), "apply_epilogue", dict(_DEVICE)))
+    generated(epilogue_source(), "apply_epilogue", dict(_DEVICE), __name__))
 
 
 @cuda.jit(device=True)

@@ -3,25 +3,18 @@
 flat parameter. Launchers have the CPU signatures.
 """
 
-import types
-
 from numba import cuda
 
+from .._codegen import twins
 from ..cpu import optim as _cpu
 from ._launch import grid_1d
 
 __all__ = ["sgd_step", "adam_step"]
 
 
-def _device(name):
-    fn = getattr(_cpu, name)
-    scope = dict(vars(_cpu))
-    return cuda.jit(device=True)(
-        types.FunctionType(fn.__code__, scope, name, fn.__defaults__, fn.__closure__))
-
-
-_sgd_update = _device("sgd_update")
-_adam_update = _device("adam_update")
+_D = twins({name: getattr(_cpu, name) for name in ("sgd_update", "adam_update")},
+           cuda.jit(device=True), dict(vars(_cpu)))
+_sgd_update, _adam_update = _D["sgd_update"], _D["adam_update"]
 
 
 @cuda.jit

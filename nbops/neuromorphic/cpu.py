@@ -30,8 +30,8 @@ from numba import prange
 from numba.core import types
 from numba.extending import overload, register_jitable
 
+from .._codegen import generated
 from .._jit import cpu_kernel
-from ..cpu.linalg import generated
 # the package's ``lif`` attribute is the public function; reach the module by name
 _lif = importlib.import_module(".lif", __package__)
 
@@ -216,7 +216,7 @@ def _theta(row, q, i):
 
 _surrogate_rows = register_jitable(generated(
     _surrogate_rows_source(), "surrogate_rows",
-    dict({fn.__name__: fn for fn, _, _ in _lif.SURROGATES.values()}, _theta=_theta), __file__))
+    dict({fn.__name__: fn for fn, _, _ in _lif.SURROGATES.values()}, _theta=_theta), __name__))
 _SURROGATE_CODES = {name: i for i, name in enumerate(_lif.SURROGATES)}
 
 

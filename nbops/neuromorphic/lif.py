@@ -33,7 +33,6 @@ spike.
 """
 
 import math
-import types
 from collections import namedtuple
 
 import numpy as np
@@ -41,6 +40,7 @@ import numpy as np
 # the exponential of the sigmoid surrogate: nbops' vectorizable one on the
 # CPU (a libm call in the loop would keep the backward scalar); the CUDA
 # kernel module rebinds ``m`` to :mod:`math`
+from .._codegen import twins
 from .._formulas import m  # lazy: import nbops loads no kernel module
 
 #: Parameters of the streaming LIF form (:func:`nbops.neuromorphic.lif_step`).
@@ -206,15 +206,8 @@ def compiled_copies(compile_, suffix="", **names):
     resolve to compiled code; ``names`` replace globals first (``m``,
     ``_reset_mode``...). ``suffix`` is added to each copy's name (cached CPU
     kernels must not share helper symbols). Returns that dict."""
-    scope = dict(globals(), **names)
-    for name, fn in functions().items():
-        if name in names:
-            continue
-        copy = types.FunctionType(fn.__code__, scope, name + suffix, fn.__defaults__,
-                                  fn.__closure__)
-        copy.__qualname__ = copy.__name__
-        scope[name] = compile_(copy)
-    return scope
+    return twins({n: f for n, f in functions().items() if n not in names}, compile_,
+                 dict(globals(), **names), suffix)
 
 
 def functions():

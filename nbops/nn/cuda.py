@@ -9,6 +9,7 @@ import types
 
 from numba import cuda
 
+from .._codegen import twins
 from ..cuda._launch import grid_1d
 from ..cuda.activations import _binary_kernels, _launcher
 from . import cpu as _cpu
@@ -25,13 +26,9 @@ _APPROX.log1p = math.log1p
 
 def _device_functions():
     # copies sharing one globals dict where each helper name is its device twin
-    scope = dict(vars(_cpu), approx=_APPROX)
-    for name in ("row_max", "row_sum_exp", "row_loss", "row_grad", "bce_term",
-                 "bce_grad_term"):
-        fn = getattr(_cpu, name)
-        scope[name] = cuda.jit(device=True)(
-            types.FunctionType(fn.__code__, scope, name, fn.__defaults__, fn.__closure__))
-    return scope
+    names = ("row_max", "row_sum_exp", "row_loss", "row_grad", "bce_term", "bce_grad_term")
+    return twins({name: getattr(_cpu, name) for name in names}, cuda.jit(device=True),
+                 dict(vars(_cpu), approx=_APPROX))
 
 
 _D = _device_functions()

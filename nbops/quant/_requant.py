@@ -36,10 +36,11 @@ so host and kernels agree bit for bit).
 """
 
 import math
-import types
 
 import numpy as np
 from numba.extending import register_jitable
+
+from .._codegen import twins
 
 __all__ = ["quantize_multiplier", "quantize_multipliers", "requantize", "requantize_float",
            "device_functions", "INT32_MIN", "INT32_MAX"]
@@ -164,9 +165,4 @@ def device_functions():
     twins). Imports numba.cuda: call it from CUDA kernel modules only."""
     from numba import cuda
 
-    scope = dict(globals())
-    for fn in _SCALARS:
-        copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__,
-                                  fn.__closure__)
-        scope[fn.__name__] = cuda.jit(device=True)(copy)
-    return scope
+    return twins({fn.__name__: fn for fn in _SCALARS}, cuda.jit(device=True), dict(globals()))

@@ -68,7 +68,6 @@ small batch), as ``nbops.cpu.linalg`` does.
 """
 
 import functools
-import types as pytypes
 
 import llvmlite.binding as _llvm
 import numpy as np
@@ -77,6 +76,7 @@ from numba import get_num_threads, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, register_jitable
 
+from .._codegen import bind
 from .._jit import cpu_kernel
 from ..cpu._memory import lane_mask, masked_op, splat
 from . import _requant
@@ -657,17 +657,9 @@ def _finish_dequant(v, b, p, q, ozp, qmin, qmax):
     return np.float32(np.int32(v + np.int32(b))) * p + q
 
 
-def _bind(template, scope, name):
-    """A copy of ``template`` named ``name`` whose global names resolve in
-    ``scope`` (how this module specialises a kernel's helpers)."""
-    fn = pytypes.FunctionType(template.__code__, scope, name)
-    fn.__qualname__ = name
-    return fn
-
-
 def _make_rows(name, params, finish):
     scope = dict(globals(), _row_params=params, _finish=finish)
-    return register_jitable(_bind(_rows_t, scope, name))
+    return register_jitable(bind(_rows_t, scope, name))
 
 
 _rows_int32 = _make_rows("_rows_int32", _no_params, _finish_int32)
@@ -726,20 +718,21 @@ def _conv_t(xp, kbase, sh, st_h, st_w, oh_n, ow_n, flip, apk, rowsum, za, zb, co
                           pi, pf)
 
 
+@functools.lru_cache(maxsize=None)
 def _make_driver(kind):
+    """(product, conv) parallel kernels for ``kind``, built once per kind."""
     scope = dict(globals())
     if kind == "vnni":
         scope["_micro"] = _make_micro(MR, NR)
     else:
-        scope["_micro"] = register_jitable(_bind(_portable_micro_t, scope,
-                                                 "qgemm_micro_portable"))
+        scope["_micro"] = register_jitable(bind(_portable_micro_t, scope,
+                                                "qgemm_micro_portable"))
     name = f"qgemm_{kind}"
-    scope["_epilogue"] = register_jitable(_bind(_epilogue_t, scope, f"{name}_epilogue"))
-    return tuple(cpu_kernel(_bind(template, scope, fname), parallel=True)
+    scope["_epilogue"] = register_jitable(bind(_epilogue_t, scope, f"{name}_epilogue"))
+    return tuple(cpu_kernel(bind(template, scope, fname), parallel=True)
                  for template, fname in ((_gemm_t, name), (_conv_t, f"{name}_conv")))
 
 
-_DRIVERS = {}
 _OUT_TYPES = (np.dtype(np.int32), np.dtype(np.uint8), np.dtype(np.float32))
 _EMPTY = {t: np.empty(0, t) for t in _OUT_TYPES}
 
@@ -752,11 +745,7 @@ def driver(kind=None):
 
 def _drivers(kind=None):
     """(product, conv) parallel kernels for ``kind``, built on first use."""
-    kind = kind or ("vnni" if has_vnni() else "portable")
-    d = _DRIVERS.get(kind)
-    if d is None:
-        d = _DRIVERS[kind] = _make_driver(kind)
-    return d
+    return _make_driver(kind or ("vnni" if has_vnni() else "portable"))
 
 
 def _outs(out):
