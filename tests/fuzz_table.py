@@ -30,6 +30,7 @@ from test_normalization import ref_batch_norm, ref_layer_norm
 from test_pooling import ref_adaptive_avg_pool2d, ref_avg_pool2d, ref_max_pool2d
 from test_quant import avg_pool_reference
 from test_quant_gemm import _real, _requant_ref, ref_conv, ref_matmul_integer
+from test_neuromorphic import ANTIDERIVATIVE, SURROGATE_PARAM, _smooth_loss, ref_run
 from test_softmax import ref as ref_softmax
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
@@ -1452,7 +1453,6 @@ def _lif_draw(d, dtype):
 
 
 def _lif_ref(x, beta, threshold=1.0, reset="subtract", v0=None):
-    from test_neuromorphic import ref_run
     x = np.asarray(x)
     s, _, v, *_ = ref_run("lif", x, beta, threshold, reset=reset,
                           v0=None if v0 is None else np.asarray(v0))
@@ -1480,7 +1480,6 @@ def _synaptic_draw(d, dtype):
 
 
 def _synaptic_ref(x, alpha, beta, threshold=1.0, reset="subtract", syn0=None, v0=None):
-    from test_neuromorphic import ref_run
     x = np.asarray(x)
     s, _, v, b, *_ = ref_run("synaptic", x, beta, threshold, alpha, reset=reset,
                              v0=None if v0 is None else np.asarray(v0),
@@ -1499,7 +1498,6 @@ def _alif_draw(d, dtype):
 
 def _alif_ref(x, beta, threshold=1.0, adapt_decay=0.95, adapt_scale=0.2, reset="subtract",
               v0=None, a0=None):
-    from test_neuromorphic import ref_run
     x = np.asarray(x)
     s, _, v, b, *_ = ref_run("alif", x, beta, threshold, adapt_decay, adapt_scale,
                              reset=reset, v0=None if v0 is None else np.asarray(v0),
@@ -1563,8 +1561,8 @@ def _bptt_draw(name):
             arrays.append(d.array(shape[1:], dtype, 0.0, 0.3, specials=False))
         kw = {p: d.real(0.3, 0.95, bad=(1.5, -0.1, np.nan)) if p != "adapt_scale"
               else d.real(0.0, 0.5, bad=(-0.5, np.nan)) for p in params}
-        surrogate = d.param(list(_surrogates()), ["bogus"])
-        k = _SURROGATE_PARAM().get(surrogate)
+        surrogate = d.param(list(ANTIDERIVATIVE), ["bogus"])
+        k = SURROGATE_PARAM.get(surrogate)
         kw.update(threshold=d.real(0.4, 1.2, bad=(0.0, -1.0)),
                   reset=d.param(["subtract", "zero", "none"], ["sub"]),
                   surrogate=(surrogate, k) if k else surrogate, detach_reset=d.flag())
@@ -1572,22 +1570,11 @@ def _bptt_draw(name):
     return draw
 
 
-def _surrogates():
-    from test_neuromorphic import ANTIDERIVATIVE
-    return ANTIDERIVATIVE
-
-
-def _SURROGATE_PARAM():
-    from test_neuromorphic import SURROGATE_PARAM
-    return SURROGATE_PARAM
-
-
 def _bptt_ref(name):
     model, params, state = _BPTT[name][1], _BPTT[name][2], _BPTT[name][3]
 
     def ref(grad_spikes, inputs, v0, grad_v, *st, threshold, reset, surrogate,
             detach_reset, **kw):
-        from test_neuromorphic import _smooth_loss, ref_run
         sname, k = surrogate if isinstance(surrogate, tuple) else (surrogate, None)
         w0, w1 = _f64(grad_spikes), _f64(grad_v)
         x, v0 = _f64(inputs), _f64(v0)
