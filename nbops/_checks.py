@@ -254,6 +254,33 @@ def axis(op, name, value, ndim):
     return int(value) % ndim
 
 
+def int_arg(op, name, value, low=None):
+    """Check an integer parameter (a bool is not one) and return it as a
+    Python int, at least ``low`` where given."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{op}: argument '{name}' must be an int, got {describe(value)}")
+    if low is not None and value < low:
+        raise ValueError(f"{op}: argument '{name}' must be >= {low}, got {value}")
+    return int(value)
+
+
+def int_tuple(op, name, value, n, low=None):
+    """Check a parameter given as one int or as a tuple (or list) of ``n``
+    ints, each at least ``low`` where given (strides, paddings, kernel
+    sizes), and return it as an ``n``-tuple of Python ints."""
+    vals = tuple(value) if isinstance(value, (tuple, list)) else (value,) * n
+    what = f"{op}: argument '{name}' must be an int or a tuple of {n} ints, got {value!r}"
+    if len(vals) != n:
+        raise ValueError(what)
+    if any(isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral)
+           for v in vals):
+        raise TypeError(what)
+    vals = tuple(int(v) for v in vals)
+    if low is not None and any(v < low for v in vals):
+        raise ValueError(f"{op}: argument '{name}' must be >= {low}, got {value!r}")
+    return vals
+
+
 class CheckedCache:
     """Results of an operator's parameter checks, remembered per call
     pattern: ``get(key, check)`` returns the result stored under ``key`` or

@@ -35,7 +35,6 @@ gradient the sum of ``grad`` over batch and pixels; products run on
 """
 
 import functools
-import numbers
 
 import numpy as np
 
@@ -391,9 +390,8 @@ def conv_pack(weight, bias=None, *, input_shape, stride=1, padding=0, dilation=1
     if not isinstance(input_shape, (tuple, list)):
         raise TypeError(f"{op}: argument 'input_shape' must be a tuple of ints, got "
                         f"{_checks.describe(input_shape)}")
-    shape = tuple(_int(op, "input_shape", v) for v in input_shape)
-    if any(v < 0 for v in shape):
-        raise ValueError(f"{op}: argument 'input_shape' must hold sizes >= 0, got {shape}")
+    shape = tuple(_checks.int_arg(op, f"input_shape[{i}]", v, low=0)
+                  for i, v in enumerate(input_shape))
     # a stand-in of the input's shape and no memory: the geometry reads no more
     probe = np.broadcast_to(np.empty((), weight.dtype), shape)
     geo, out_shape = _geometry(op, spatial, probe, weight, stride, padding, dilation, groups)
@@ -464,24 +462,6 @@ def _spatial_of(weight):
     return 1 if nd == 3 else 2
 
 
-def _int(op, name, v):
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
-        raise TypeError(f"{op}: argument '{name}' must be an int or a tuple of ints, "
-                        f"got {_checks.describe(v)}")
-    return int(v)
-
-
-def _pair(op, name, v, spatial, low):
-    vals = tuple(v) if isinstance(v, (tuple, list)) else (v,) * spatial
-    if len(vals) != spatial:
-        raise ValueError(f"{op}: argument '{name}' must be an int or a tuple of {spatial} "
-                         f"ints, got {v!r}")
-    vals = tuple(_int(op, name, e) for e in vals)
-    if any(e < low for e in vals):
-        raise ValueError(f"{op}: argument '{name}' must be >= {low}, got {v!r}")
-    return vals if spatial == 2 else (1 if name != "padding" else 0,) + vals
-
-
 def _geometry(op, spatial, x, weight, stride, padding, dilation, groups):
     """Validated ``(geo, out_shape)``; ``geo`` as in :mod:`nbops.cpu.conv`.
     Remembered per call pattern (shapes, and parameters with their types):
@@ -507,9 +487,7 @@ def _check_geometry(op, spatial, x, weight, stride, padding, dilation, groups):
     if weight.ndim != rank:
         raise ValueError(f"{op}: argument 'weight' must be {rank}-D {wlayout}, got shape "
                          f"{tuple(weight.shape)}")
-    groups = _int(op, "groups", groups)
-    if groups < 1:
-        raise ValueError(f"{op}: argument 'groups' must be >= 1, got {groups}")
+    groups = _checks.int_arg(op, "groups", groups, low=1)
     n, c = int(x.shape[0]), int(x.shape[1])
     co, cg = int(weight.shape[0]), int(weight.shape[1])
     if c % groups:
@@ -521,8 +499,10 @@ def _check_geometry(op, spatial, x, weight, stride, padding, dilation, groups):
     if cg * groups != c:
         raise ValueError(f"{op}: 'weight' {tuple(weight.shape)} expects {cg * groups} input "
                          f"channels ({cg} per group x groups={groups}) but 'x' has {c}")
-    stride = _pair(op, "stride", stride, spatial, 1)
-    dilation = _pair(op, "dilation", dilation, spatial, 1)
+    # 1-D: a unit stride and dilation and no padding along the unit height
+    unit = (1,) * (2 - spatial)
+    stride = unit + _checks.int_tuple(op, "stride", stride, spatial, low=1)
+    dilation = unit + _checks.int_tuple(op, "dilation", dilation, spatial, low=1)
     hw = tuple(int(s) for s in x.shape[2:]) if spatial == 2 else (1, int(x.shape[2]))
     kk = tuple(int(s) for s in weight.shape[2:]) if spatial == 2 else (1, int(weight.shape[2]))
     eff = tuple(d * (k - 1) + 1 for d, k in zip(dilation, kk))
@@ -539,7 +519,8 @@ def _check_geometry(op, spatial, x, weight, stride, padding, dilation, groups):
             raise ValueError(f"{op}: argument 'padding' must be an int, a tuple of ints, "
                              f"'same' or 'valid', got {padding!r}")
     else:
-        pad_lo = _pair(op, "padding", padding, spatial, 0)
+        pad_lo = (0,) * (2 - spatial) + _checks.int_tuple(op, "padding", padding, spatial,
+                                                          low=0)
         pad_total = tuple(2 * p for p in pad_lo)
     for axis in range(2 - spatial, 2):
         if hw[axis] + pad_total[axis] < eff[axis]:

@@ -14,8 +14,6 @@ Kernels: ``nbops/cpu/pooling.py`` (separable row-buffer kernels that
 vectorize) and ``nbops/cuda/pooling.py`` (one thread per output element).
 """
 
-import numbers
-
 import numpy as np
 
 from . import _checks, _dispatch, _layout
@@ -67,8 +65,9 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
         ``x`` not a float32/float64 array, non-integer window parameters,
         ``out`` of the wrong dtype or device.
     ValueError
-        ``x`` not 3-D or 4-D or with empty C/H/W, kernel_size, stride or
-        dilation below 1, negative padding or padding above kernel_size // 2,
+        ``x`` not 3-D or 4-D or with empty C/H/W, a window parameter tuple of
+        the wrong length, kernel_size, stride or dilation below 1, negative
+        padding or padding above kernel_size // 2,
         a kernel larger than the padded input, a bad ``out``.
 
     Example
@@ -331,22 +330,6 @@ class _Geometry:
         return (*self.k, *self.s, *self.p, *self.d)
 
 
-def _ints(op, name, value, nd, low):
-    """``value`` (an int, or a sequence of ``nd`` ints) as an ``nd``-tuple,
-    each at least ``low``."""
-    items = tuple(value) if isinstance(value, (tuple, list)) else (value,) * nd
-    if len(items) != nd or not all(
-            isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
-            for v in items):
-        raise TypeError(f"{op}: argument '{name}' must be an int or a tuple of {nd} ints, "
-                        f"got {value!r}")
-    items = tuple(int(v) for v in items)
-    if any(v < low for v in items):
-        what = "positive" if low == 1 else "non-negative"
-        raise ValueError(f"{op}: argument '{name}' must be {what}, got {value!r}")
-    return items
-
-
 def _out_size(size, k, s, p, d, ceil_mode):
     # PyTorch's pooling_output_shape
     n = (size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
@@ -371,11 +354,11 @@ _GEOMETRIES = _checks.CheckedCache()
 
 
 def _check_geometry(op, nd, hw, kernel_size, stride, padding, dilation, ceil_mode):
-    k = _ints(op, "kernel_size", kernel_size, nd, 1)
+    k = _checks.int_tuple(op, "kernel_size", kernel_size, nd, low=1)
     s = k if stride is None or (isinstance(stride, (tuple, list)) and len(stride) == 0) \
-        else _ints(op, "stride", stride, nd, 1)
-    p = _ints(op, "padding", padding, nd, 0)
-    d = _ints(op, "dilation", dilation, nd, 1)
+        else _checks.int_tuple(op, "stride", stride, nd, low=1)
+    p = _checks.int_tuple(op, "padding", padding, nd, low=0)
+    d = _checks.int_tuple(op, "dilation", dilation, nd, low=1)
     if not isinstance(ceil_mode, (bool, np.bool_)):
         raise TypeError(f"{op}: argument 'ceil_mode' must be a bool, got {ceil_mode!r}")
     for kk, pp in zip(k, p):
@@ -430,16 +413,10 @@ def _as(x, shape):
 
 
 def _divisor(op, divisor_override):
+    """The kernels' divisor: 0 for None (the window's size)."""
     if divisor_override is None:
         return 0
-    if isinstance(divisor_override, (bool, np.bool_)) or not isinstance(
-            divisor_override, numbers.Integral):
-        raise TypeError(f"{op}: argument 'divisor_override' must be an int or None, "
-                        f"got {divisor_override!r}")
-    if divisor_override < 1:
-        raise ValueError(f"{op}: argument 'divisor_override' must be positive, "
-                         f"got {divisor_override}")
-    return int(divisor_override)
+    return _checks.int_arg(op, "divisor_override", divisor_override, low=1)
 
 
 def _spatial_shape(lead, out, nd):
@@ -487,11 +464,7 @@ def _adaptive(op, nd, x, output_size, out):
     dev, xc, lead, h, w = _input(op, nd, x)
     if nd == 2 and isinstance(output_size, (tuple, list)) and len(output_size) == 2:
         output_size = tuple(size if o is None else o for o, size in zip(output_size, (h, w)))
-    try:
-        o = _ints(op, "output_size", output_size, nd, 1)
-    except ValueError:
-        raise ValueError(f"{op}: argument 'output_size' must be positive, got "
-                         f"{output_size!r}") from None
+    o = _checks.int_tuple(op, "output_size", output_size, nd, low=1)
     o2 = o if nd == 2 else (1,) + o
     shape = _spatial_shape(lead, o2, nd)
     out = _checks.output(op, out, shape, xc.dtype, dev, {"x": x})

@@ -613,7 +613,7 @@ def test_adaptive_avg_pool2d(device, output_size):
     (lambda q: Q.max_pool2d(q, 5), ValueError, "does not fit"),
     (lambda q: Q.max_pool2d(q.dequantize(), 2), TypeError, "must be a QTensor"),
     (lambda q: Q.adaptive_avg_pool2d(q, 0), ValueError, "'output_size' must be >= 1"),
-    (lambda q: Q.adaptive_avg_pool2d(q, (1, 2, 3)), ValueError, "pair"),
+    (lambda q: Q.adaptive_avg_pool2d(q, (1, 2, 3)), ValueError, "tuple of 2 ints"),
     (lambda q: Q.adaptive_avg_pool2d(q, 1, requant="round"), ValueError, "'requant'"),
     (lambda q: Q.global_avg_pool2d(q, scale=-1.0), ValueError, "'scale'"),
     (lambda q: Q.global_avg_pool2d(Q.QTensor(np.zeros((1, 1, 0, 2), np.int8), 1.0, 0)),

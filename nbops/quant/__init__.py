@@ -31,8 +31,6 @@ quantization step and usually exactly.
 Kernels live in ``quant/cpu.py`` and ``quant/cuda.py`` beside this module.
 """
 
-import numbers
-
 import numpy as np
 
 from .. import _checks, _dispatch
@@ -418,10 +416,10 @@ def max_pool2d(q, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
     op = "quant.max_pool2d"
     q = _qtensor(op, "q", q, per_tensor=True)
     _need_nchw(op, q)
-    kh, kw = _pair(op, "kernel_size", kernel_size, 1)
-    sh, sw = (kh, kw) if stride is None else _pair(op, "stride", stride, 1)
-    ph, pw = _pair(op, "padding", padding, 0)
-    dh, dw = _pair(op, "dilation", dilation, 1)
+    kh, kw = _checks.int_tuple(op, "kernel_size", kernel_size, 2, low=1)
+    sh, sw = (kh, kw) if stride is None else _checks.int_tuple(op, "stride", stride, 2, low=1)
+    ph, pw = _checks.int_tuple(op, "padding", padding, 2, low=0)
+    dh, dw = _checks.int_tuple(op, "dilation", dilation, 2, low=1)
     if ph > kh // 2 or pw > kw // 2:
         raise ValueError(f"{op}: 'padding' must be at most half the kernel size "
                          f"({kh // 2}, {kw // 2}), got ({ph}, {pw})")
@@ -501,7 +499,7 @@ def _adaptive_avg(op, q, output_size, scale, zero_point, requant):
     """Both average pools, their errors naming ``op``."""
     q = _qtensor(op, "q", q, per_tensor=True)
     _need_nchw(op, q)
-    oh, ow = _pair(op, "output_size", output_size, 1)
+    oh, ow = _checks.int_tuple(op, "output_size", output_size, 2, low=1)
     _checks.choice(op, "requant", requant, REQUANT_MODES)
     n, c, h, w = q.shape
     if h == 0 or w == 0:
@@ -615,20 +613,6 @@ def _inner(shape, axis):
 def _need_nchw(op, q):
     if q.ndim != 4:
         raise ValueError(f"{op}: argument 'q' must be 4-D (N, C, H, W), got shape {q.shape}")
-
-
-def _pair(op, name, value, low):
-    vals = value if isinstance(value, (tuple, list)) else (value, value)
-    if len(vals) != 2:
-        raise ValueError(f"{op}: '{name}' must be an int or a pair of ints, got {value!r}")
-    out = []
-    for v in vals:
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
-            raise TypeError(f"{op}: '{name}' must be an int or a pair of ints, got {value!r}")
-        if v < low:
-            raise ValueError(f"{op}: '{name}' must be >= {low}, got {value!r}")
-        out.append(int(v))
-    return tuple(out)
 
 
 def _pool_out(size, k, s, p, d, ceil_mode):

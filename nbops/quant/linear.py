@@ -391,7 +391,7 @@ def conv2d(qx, qw, bias=None, stride=1, padding=0, dilation=1, groups=1, out_sca
     if qx.ndim != 4:
         raise ValueError(f"{op}: argument 'qx' must be 4-D (N, C, H, W), got shape "
                          f"{tuple(qx.shape)}")
-    g = _int(op, "groups", groups, 1)
+    g = _checks.int_arg(op, "groups", groups, low=1)
     pw = qw if isinstance(qw, PackedWeight) else _packable(op, "qw", qw, 4, groups=g)
     if len(pw.shape) != 4:
         raise ValueError(f"{op}: argument 'qw' must be 4-D (OC, C/groups, kh, kw), got shape "
@@ -409,9 +409,9 @@ def conv2d(qx, qw, bias=None, stride=1, padding=0, dilation=1, groups=1, out_sca
         raise ValueError(f"{op}: 'qx' has {c} channels and 'qw' shape {pw.shape}: with "
                          f"groups={g} the weight needs {c // g if c % g == 0 else '?'} input "
                          f"channels per group and OC divisible by {g}")
-    st = _pair(op, "stride", stride, 1)
-    pad = _pair(op, "padding", padding, 0)
-    dil = _pair(op, "dilation", dilation, 1)
+    st = _checks.int_tuple(op, "stride", stride, 2, low=1)
+    pad = _checks.int_tuple(op, "padding", padding, 2, low=0)
+    dil = _checks.int_tuple(op, "dilation", dilation, 2, low=1)
     oh = (hgt + 2 * pad[0] - dil[0] * (kh - 1) - 1) // st[0] + 1
     ow = (wid + 2 * pad[1] - dil[1] * (kw - 1) - 1) // st[1] + 1
     if oh <= 0 or ow <= 0:
@@ -541,7 +541,7 @@ def pack_weight(qw, groups=1):
     if qw.ndim not in (2, 4):
         raise ValueError(f"{op}: argument 'qw' must be 2-D (linear) or 4-D (conv), got shape "
                          f"{tuple(qw.shape)}")
-    return _packable(op, "qw", qw, qw.ndim, groups=_int(op, "groups", groups, 1))
+    return _packable(op, "qw", qw, qw.ndim, groups=_checks.int_arg(op, "groups", groups, low=1))
 
 
 def _packable(op, name, qw, ndim, groups=1):
@@ -747,22 +747,6 @@ def _bytes(x):
 
 def _choice(op, name, value, options):
     _checks.choice(op, name, value, options)
-
-
-def _int(op, name, value, low):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{op}: argument '{name}' must be an int, got {_checks.describe(value)}")
-    if value < low:
-        raise ValueError(f"{op}: argument '{name}' must be >= {low}, got {value}")
-    return int(value)
-
-
-def _pair(op, name, value, low):
-    vals = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
-    if len(vals) != 2:
-        raise ValueError(f"{op}: argument '{name}' must be an int or a pair of ints, got "
-                         f"{value!r}")
-    return tuple(_int(op, name, v, low) for v in vals)
 
 
 def _contiguous(op, name, x, dev):
