@@ -2,7 +2,7 @@
 
 Times the serial and the parallel flat kernel of a cheap (relu) and an
 expensive (gelu) activation over sizes from 1K to 1M elements and prints the
-median of each; ``nbops/cpu/activations.py:SERIAL_BELOW`` is set from where
+median of each; ``nbops/_tunables.py:SERIAL_BELOW`` is set from where
 the parallel kernel starts to win. Run on an idle machine:
 
     python tools/serial_threshold.py [--dtype float32]

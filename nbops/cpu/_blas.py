@@ -19,6 +19,7 @@ from numba.np.linalg import _BLAS
 
 from .._codegen import bind
 from .._jit import serial_and_parallel
+from .._tunables import BLAS_SERIAL_FLOPS as SERIAL_FLOPS
 from .linalg import _epilogue_tile
 
 # numba_xxgemm(kind, transa, transb, m, n, k, *alpha, *a, lda, *b, ldb, *beta, *c, ldc):
@@ -88,12 +89,6 @@ def _blocks_template(abuf, offa, sam, ta, lda, bbuf, offb, sbn, tb, ldb, outf, m
                    outf[coff:].ctypes, n)
             if act != 0 or bias.size > 0:
                 _epilogue_tile(outf, coff, n, r1 - r0, c1 - c0, bias, c0, act, prm, cst)
-
-
-#: Below this many flops one thread does the product: a few tens of
-#: microseconds, less than waking Numba's pool (NumPy's BLAS also runs
-#: small products on the calling thread).
-SERIAL_FLOPS = 1_000_000
 
 
 def _instances(xxgemm, kind, suffix):

@@ -52,6 +52,7 @@ from numba.extending import register_jitable
 
 from .. import _formulas, _layout
 from .._jit import FASTMATH_REDUCE, cpu_kernel, serial_and_parallel
+from .._tunables import RUN_BLOCK, SERIAL_BELOW, STREAM_BLOCK
 from . import _approx
 from ._memory import LINE, stream_rows, streams
 from . import _piecewise
@@ -185,13 +186,6 @@ def _streamed(name, f):
     return _named(streamed, name + "_stream")
 
 
-#: Elements per task of the kernels with a vector run (``_piecewise.KINDS``).
-RUN_BLOCK = 4096
-
-#: Elements per block of the streamed kernels (8-16 KiB: L1-resident).
-STREAM_BLOCK = 2048
-
-
 @register_jitable(inline="always")
 def _chunk(n, ch, nchunk):
     """Elements [i0, i1) of chunk ``ch``: whole blocks, the remainder in the last."""
@@ -213,11 +207,6 @@ def _named(fn, name):
     # a unique qualname gives each generated kernel its own on-disk cache entry
     fn.__name__ = fn.__qualname__ = name
     return cpu_kernel(fn, parallel=True, slp=False)
-
-
-#: Below this many elements a contiguous input runs on the calling thread:
-#: waking the thread pool costs more than the loop. See tools/serial_threshold.py.
-SERIAL_BELOW = 32768
 
 
 def _aliased(inputs, out):

@@ -29,6 +29,8 @@ from numba.extending import register_jitable
 
 from .. import _formulas
 from .._codegen import cache_dir, source_module  # noqa: F401  (cache_dir: tests)
+from .._tunables import FUSION_MIN_CHUNK as MIN_CHUNK, FUSION_OUTER_CHUNK as OUTER_CHUNK
+from .._tunables import FUSION_SERIAL_BELOW as SERIAL_BELOW
 from . import _approx
 from . import activations as _activations  # noqa: F401  (registers the formulas)
 
@@ -55,20 +57,6 @@ def minimum(a, b):
 for _name, _f in _formulas.functions().items():
     globals()["act_" + _name] = _f
 del _name, _f
-
-#: Innermost-axis elements per chunk for maps and reductions along it: large
-#: enough that the loop overhead vanishes, small enough to balance threads.
-MIN_CHUNK = 4096
-#: Chunk of the innermost axis when a non-innermost axis is reduced: its
-#: float64 accumulators (16 KiB) stay in L1 across the reduced axis.
-OUTER_CHUNK = 2048
-
-#: Elements below which a call runs on the calling thread, where waking the
-#: pool costs more than the loop: measured with ``x * y + 1`` on 2 threads,
-#: serial and parallel were even at 32K elements (about 100 us, map and sum)
-#: and parallel won from 128K (150 vs 225 us); a loaded machine adds stalls
-#: of milliseconds to parallel calls of any size.
-SERIAL_BELOW = 1 << 16
 
 _KERNELS = {}
 

@@ -76,6 +76,8 @@ from .. import _formulas
 from .._codegen import bind, generated, per_dtype
 from .._jit import FASTMATH_REDUCE, cpu_kernel
 from .._runtime import _blas_threads
+from .._tunables import EPILOGUE_COLS, GEMM_TASKS_PER_THREAD as TASKS_PER_THREAD
+from .._tunables import PREFETCH_PRODUCT_BYTES, PREFETCH_ROWS
 from . import activations as _activations  # noqa: F401  (makes the formulas jittable)
 from ._memory import LINE
 from ._memory import prefetch as _prefetch
@@ -91,30 +93,6 @@ EPILOGUES = ("none",) + _formulas.FORWARD
 #: 16 accumulator registers (within a few percent of 16x16, which needs
 #: twice the A broadcasts; docs/benchmarks.md, GEMM).
 TILES = {np.dtype(np.float32): (8, 32), np.dtype(np.float64): (8, 16)}
-
-#: Rows of B ahead that the row-by-row packing requests.
-PREFETCH_ROWS = 8
-
-#: Bytes of a small product's operands (A and B) within which the
-#: small-product driver prefetches the next product of its task (A, B and
-#: C) before computing one: each operand then spans one to four pages, and
-#: the hardware prefetchers, which stop at page boundaries, left every
-#: product to start on cache misses. Paired, 2 threads: float32 stacks of
-#: 24^2 / 32^2 / 40^2 products 1.10-1.44x / 1.39-1.63x / 1.05-1.38x,
-#: float64 16^2 / 32^2 1.56-1.60x / 1.14-1.26x; outside the range it cost
-#: up to 0.68x (float32 16^2, where the prefetches outnumber the vector
-#: instructions that matter) or nothing at all (48^2 and up).
-PREFETCH_PRODUCT_BYTES = (4096, 16384)
-
-#: Tasks per thread the tile driver aims for (load balance vs. A re-packing).
-TASKS_PER_THREAD = 4
-
-#: Columns of C (a group of register-tile slivers, all ``mc`` rows of the
-#: block, in L2) that the epilogue runs over at a time once the micro-kernel
-#: has stored them: long rows let its formula run as the activations' flat
-#: kernels do. Per 8 x 32 tile, straight after each micro-kernel call, gelu
-#: cost 1.5x as much per element.
-EPILOGUE_COLS = 256
 
 
 def epilogue_source(fn_name="apply_epilogue"):

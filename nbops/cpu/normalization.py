@@ -33,23 +33,10 @@ import numpy as np
 from numba import njit, prange
 
 from .._jit import FASTMATH, FASTMATH_REDUCE, serial_and_parallel
+from .._tunables import NORM_MIN_BLOCK as MIN_BLOCK, NORM_SUM_BLOCK as SUM_BLOCK, SERIAL_BELOW
 
 __all__ = ["norm_rows", "norm_rows_backward", "batch_norm_stats", "batch_norm_invstd",
            "batch_norm_forward", "batch_norm_train", "batch_norm_backward"]
-
-#: Below this many elements the serial twin of a kernel runs: waking the
-#: thread pool costs more than the loop (the activations' measured threshold,
-#: tools/serial_threshold.py).
-SERIAL_BELOW = 32768
-
-#: Elements summed in the input's dtype (in vector registers) before the
-#: partial sum joins a float64 total: float32 error stays at a few ulp of
-#: a 256-term sum, and the arithmetic stays 16 lanes wide.
-SUM_BLOCK = 256
-
-#: Elements a block of the channel reductions should hold at least, so that
-#: thread start-up and the partials' merge stay small beside the work.
-MIN_BLOCK = 4096
 
 
 def _twins(fastmath):

@@ -15,6 +15,7 @@ from numba import prange
 from numba.extending import register_jitable
 
 from .._jit import serial_and_parallel
+from .._tunables import SERIAL_BELOW as PARALLEL_MIN
 
 __all__ = ["sgd_step", "adam_step"]
 
@@ -43,11 +44,6 @@ def adam_update(i, p, g, m, v, s):
 
 register_jitable(sgd_update)
 register_jitable(adam_update)
-
-
-#: Parameters smaller than this update on one thread: waking the thread pool
-#: costs more than the pass itself (biases, Swish's beta, small layers).
-PARALLEL_MIN = 1 << 15
 
 
 def _kernels(update, name, n_state):

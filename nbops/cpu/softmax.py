@@ -42,13 +42,12 @@ from numba import get_num_threads, prange
 from numba.extending import register_jitable
 
 from .._jit import FASTMATH_REDUCE, cpu_kernel
+from .._tunables import SOFTMAX_BLOCK_BYTES as BLOCK_BYTES, SOFTMAX_PREFETCH as PREFETCH
+from .._tunables import SOFTMAX_SUM_BLOCK as SUM_BLOCK
 from ._approx import exp_nonpos
 from ._memory import LINE, prefetch, stream_rows, streams
 
 __all__ = ["softmax", "softmax_backward"]
-
-#: Bytes of one column block (n x width elements) kept in L2 between passes.
-BLOCK_BYTES = 1 << 17
 
 
 def softmax(x3, out3, log):
@@ -73,12 +72,6 @@ def softmax_backward(g3, y3, out3, log):
         _backward_cols(g3, y3, out3, log, _width(n, inner, y3.itemsize))
     return out3
 
-
-#: Elements summed in the input's type before the float64 total (softmax rows).
-SUM_BLOCK = 512
-
-#: Elements of the next row prefetched while the current one is computed.
-PREFETCH = 4096
 
 #: Integer type whose order on the IEEE bits gives the row maximum.
 _KEYS = {np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}

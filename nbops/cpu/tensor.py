@@ -32,23 +32,10 @@ import numpy as np
 from numba import get_num_threads, prange, set_num_threads, uint64
 
 from .._jit import cpu_kernel
+from .._tunables import COPY_CHUNK as CHUNK, COPY_SERIAL_BYTES as SERIAL_BYTES
+from .._tunables import TRANSPOSE_PAD as PAD, TRANSPOSE_TILE as TILE
 
 __all__ = ["strided_copy"]
-
-#: Tile edge of the transpose kernel, in elements. Single-threaded CPU time
-#: per element of an 8192^2 float32 transpose (copy: 0.4 ns): 64 -> 2.0-2.2 ns,
-#: 128 -> 1.7, 256 -> 1.36, 512 -> 1.5 (longer runs per row beat L1 residency).
-TILE = 256
-#: Padding of a buffer row, in elements, so that walking a buffer column
-#: does not land every row in the same cache sets (256 without it: 2.3 ns).
-PAD = 16
-#: Elements per work item when a copy has fewer rows than threads can share.
-CHUNK = 1 << 15
-#: Copies smaller than this run on the calling thread alone: waking the
-#: other threads costs tens of microseconds on an idle machine (one thread
-#: moves about this much meanwhile) and milliseconds on a busy one (an 8x8
-#: transpose: 0.7-9 ms on 2 threads, 0.2 ms on 1, on a loaded 2-core box).
-SERIAL_BYTES = 1 << 18
 
 
 def strided_copy(dst, doff, dstr, src, soff, sstr, shape, axis):

@@ -32,22 +32,11 @@ from numba.extending import overload, register_jitable
 
 from .._codegen import generated
 from .._jit import cpu_kernel
+from .._tunables import NEURON_BACKWARD_BUFFER as BACKWARD_BUFFER, NEURON_CHUNK as CHUNK
 # the package's ``lif`` attribute is the public function; reach the module by name
 _lif = importlib.import_module(".lif", __package__)
 
 _FASTMATH = frozenset({"nsz", "arcp"})
-
-#: Most neurons per chunk (forward): long unit-stride runs of every input
-#: row (prefetchers stream within pages, and each jump to the next row
-#: restarts them) while the chunk's state stays near L2. At T=100 x
-#: [64, 4096] float32 on 2 threads, 32768 neurons per chunk (four chunks per
-#: thread) ran LIF at 79% of copy, one chunk of 131072 per thread at 92%.
-CHUNK = 131072
-#: Bytes of chunk-local buffers per backward chunk: the membrane's [T, chunk]
-#: (and the threshold's, for the models where it varies). At T=100 x
-#: [64, 4096] float32 on 2 threads, 256 KiB to 4 MiB ran within 10% of each
-#: other (the rows' short runs cost more than the buffers' cache level).
-BACKWARD_BUFFER = 1024 * 1024
 
 
 for _f in _lif.functions().values():

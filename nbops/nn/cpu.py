@@ -18,6 +18,7 @@ from numba import prange
 from numba.extending import register_jitable
 
 from .._jit import FASTMATH_REDUCE, serial_and_parallel
+from .._tunables import SERIAL_BELOW as PARALLEL_MIN
 from ..cpu import _approx as approx
 from ..cpu.activations import _binary_kernels, _launcher
 
@@ -82,9 +83,6 @@ def _ce_grad_rows(x, t, grow, out, zero):
         row_grad(x, t, grow, out, i, zero)
 
 
-#: Logit counts below this run on one thread (a batch of 256 x 10 classes
-#: costs less than waking the thread pool).
-PARALLEL_MIN = 1 << 15
 # reassoc: the row sums of exponentials vectorize (float32 sums of terms in
 # [0, 1]; the order changes the result by rounding only)
 _ce_kernels = serial_and_parallel(_ce_rows, "cross_entropy", fastmath=FASTMATH_REDUCE)

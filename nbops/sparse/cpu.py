@@ -25,6 +25,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic, register_jitable
 
 from .._jit import FASTMATH_REDUCE, cpu_kernel
+from .._tunables import SPARSE_AHEAD as _AHEAD, SPARSE_CHUNKS_PER_THREAD as _CHUNKS_PER_THREAD
+from .._tunables import SPARSE_GRAIN as _GRAIN
 from ..cpu import _memory
 from ..cpu._approx import exp_nonpos
 from ..cpu._memory import prefetch as _prefetch
@@ -34,18 +36,9 @@ __all__ = ["spmv", "spmm", "sddmm", "row_softmax", "row_softmax_backward", "scal
            "to_dense", "gather", "scatter", "counting_sort", "canonicalize", "add",
            "expand_rows"]
 
-# Items (rows + nonzeros) per chunk below which more chunks only add overhead,
-# and chunks per thread: a few per thread absorb uneven memory latency.
-_GRAIN = 4096
-_CHUNKS_PER_THREAD = 4
-
 
 def _n_chunks(items):
     return int(max(1, min(numba.get_num_threads() * _CHUNKS_PER_THREAD, items // _GRAIN)))
-
-
-# Nonzeros ahead whose dense row is prefetched (4, 8 and 16 measured alike).
-_AHEAD = 8
 
 
 @cpu_kernel

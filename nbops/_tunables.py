@@ -1,0 +1,128 @@
+"""The measured numbers that shape nbops' CPU kernels, in one place.
+
+Serial thresholds (below them a call stays on the calling thread), block
+sizes and prefetch distances. Each says what it bounds and, on its
+``bench:`` line, the benchmark that measures the choice; rerun that one
+before changing a value (the figures behind the values are in
+docs/benchmarks.md). Kernel modules import these under their own names
+(tests patch them there); kernels fold them in as compile-time constants,
+so ``_jit.SHARED_SOURCES`` keys every kernel's disk cache on this file.
+"""
+
+# --- serial thresholds: waking the thread pool costs more than the loop -------
+
+#: Elements below which elementwise kernels (activations, normalization,
+#: optimizer updates, loss rows) run their serial twin.
+#: bench: tools/serial_threshold.py (relu and gelu, serial vs parallel by size)
+SERIAL_BELOW = 32768
+
+#: Elements below which an ``nbops.fuse`` kernel runs serially: ``x * y + 1``
+#: on 2 threads was even at 32K elements and parallel won from 128K, so the
+#: threshold sits between (a measurement of its own, not SERIAL_BELOW's).
+#: bench: tools/bench_fusion.py
+FUSION_SERIAL_BELOW = 1 << 16
+
+#: Bytes below which a strided copy or transpose runs on the calling thread.
+#: bench: tools/bench_tensor.py
+COPY_SERIAL_BYTES = 1 << 18
+
+#: Flops below which a BLAS-route GEMM runs on one thread (NumPy's BLAS
+#: also keeps small products on the calling thread).
+#: bench: tools/bench_gemm.py
+BLAS_SERIAL_FLOPS = 1_000_000
+
+# --- block sizes -------------------------------------------------------------
+
+#: Elements per task of the activation kernels with a vector run (softplus).
+#: bench: benchmarks/bench_activations.py
+RUN_BLOCK = 4096
+
+#: Elements per block of the streamed activation kernels (8-16 KiB: L1-resident).
+#: bench: benchmarks/bench_activations.py
+STREAM_BLOCK = 2048
+
+#: Elements a normalization reduction sums in the input's dtype before the
+#: float64 total (float32 error stays at a few ulp; 16 lanes wide).
+#: bench: benchmarks/bench_normalization.py
+NORM_SUM_BLOCK = 256
+
+#: Least elements per block of the channel reductions (thread start-up and
+#: the partials' merge stay small beside the work).
+#: bench: benchmarks/bench_normalization.py
+NORM_MIN_BLOCK = 4096
+
+#: Bytes of one softmax column block (n x width elements) kept in L2 between passes.
+#: bench: benchmarks/bench_softmax.py
+SOFTMAX_BLOCK_BYTES = 1 << 17
+
+#: Elements a softmax row sums in the input's type before the float64 total.
+#: bench: benchmarks/bench_softmax.py
+SOFTMAX_SUM_BLOCK = 512
+
+#: Innermost-axis elements per chunk of a fused map or reduction along it.
+#: bench: tools/bench_fusion.py
+FUSION_MIN_CHUNK = 4096
+
+#: Innermost-axis chunk when a fused reduction runs over another axis: its
+#: float64 accumulators (16 KiB) stay in L1.
+#: bench: tools/bench_fusion.py
+FUSION_OUTER_CHUNK = 2048
+
+#: Tile edge of the transpose kernel, in elements (longer rows beat L1 residency).
+#: bench: tools/bench_tensor.py --tile
+TRANSPOSE_TILE = 256
+
+#: Padding of a transpose buffer row, in elements (columns off one cache set).
+#: bench: tools/bench_tensor.py
+TRANSPOSE_PAD = 16
+
+#: Elements per work item when a copy has fewer rows than threads can share.
+#: bench: tools/bench_tensor.py
+COPY_CHUNK = 1 << 15
+
+#: Columns of C the GEMM epilogue runs over at a time after the micro-kernel
+#: stored them (long rows, as the activations' flat kernels).
+#: bench: tools/bench_gemm.py
+EPILOGUE_COLS = 256
+
+#: Tasks per thread the GEMM tile driver aims for (load balance vs. A re-packing).
+#: bench: tools/bench_gemm.py
+GEMM_TASKS_PER_THREAD = 4
+
+#: Most neurons per forward chunk of the spiking kernels (long unit-stride
+#: input rows while the chunk's state stays near L2).
+#: bench: tools/bench_neuromorphic.py
+NEURON_CHUNK = 131072
+
+#: Bytes of chunk-local buffers per backward chunk of the spiking kernels.
+#: bench: tools/bench_neuromorphic.py
+NEURON_BACKWARD_BUFFER = 1024 * 1024
+
+#: Items (rows + nonzeros) per sparse chunk below which more chunks only add overhead.
+#: bench: tools/bench_sparse.py
+SPARSE_GRAIN = 4096
+
+#: Sparse chunks per thread (a few per thread absorb uneven memory latency).
+#: bench: tools/bench_sparse.py
+SPARSE_CHUNKS_PER_THREAD = 4
+
+# --- prefetch distances --------------------------------------------------------
+
+#: Rows of B ahead that the GEMM's row-by-row packing requests.
+#: bench: tools/bench_gemm.py
+PREFETCH_ROWS = 8
+
+#: Bytes of a small product's operands (A and B) within which the
+#: small-product GEMM prefetches its task's next product: each operand spans
+#: one to four pages, where the hardware prefetchers stop; smaller products
+#: lose (more prefetches than vector work), larger gain nothing.
+#: bench: tools/bench_gemm.py --group small small-shapes
+PREFETCH_PRODUCT_BYTES = (4096, 16384)
+
+#: Elements of the next softmax row prefetched while the current one is computed.
+#: bench: benchmarks/bench_softmax.py
+SOFTMAX_PREFETCH = 4096
+
+#: Nonzeros ahead whose dense row the sparse kernels prefetch (4, 8 and 16 alike).
+#: bench: tools/bench_sparse.py
+SPARSE_AHEAD = 8
