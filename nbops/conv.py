@@ -35,6 +35,7 @@ gradient the sum of ``grad`` over batch and pixels; products run on
 """
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 
@@ -395,9 +396,8 @@ def conv_pack(weight, bias=None, *, input_shape, stride=1, padding=0, dilation=1
     # a stand-in of the input's shape and no memory: the geometry reads no more
     probe = np.broadcast_to(np.empty((), weight.dtype), shape)
     geo, out_shape = _geometry(op, spatial, probe, weight, stride, padding, dilation, groups)
-    co = geo[-1]
-    if bias is not None and tuple(bias.shape) != (co,):
-        raise ValueError(f"{op}: argument 'bias' must have shape ({co},) to match 'weight' "
+    if bias is not None and tuple(bias.shape) != (geo.co,):
+        raise ValueError(f"{op}: argument 'bias' must have shape ({geo.co},) to match 'weight' "
                          f"{tuple(weight.shape)}, got {tuple(bias.shape)}")
     return PackedConv(tensor.contiguous_array(weight),
                       None if bias is None else tensor.contiguous_array(bias),
@@ -431,19 +431,19 @@ class PackedConv:
 
     @property
     def stride(self):
-        return (self._geo[5], self._geo[6])[2 - self._spatial:]
+        return (self._geo.sh, self._geo.sw)[2 - self._spatial:]
 
     @property
     def padding(self):
-        return (self._geo[7], self._geo[8])[2 - self._spatial:]
+        return (self._geo.ph, self._geo.pw)[2 - self._spatial:]
 
     @property
     def dilation(self):
-        return (self._geo[9], self._geo[10])[2 - self._spatial:]
+        return (self._geo.dh, self._geo.dw)[2 - self._spatial:]
 
     @property
     def groups(self):
-        return self._geo[13]
+        return self._geo.groups
 
     def __repr__(self):
         bn = ", batch norm folded" if self.batch_norm else ""
@@ -462,8 +462,42 @@ def _spatial_of(weight):
     return 1 if nd == 3 else 2
 
 
+class ConvGeometry(NamedTuple):
+    """The checked geometry of one convolution (the plan its kernels run),
+    built once per call pattern by :func:`_geometry`. A 1-D convolution is
+    a 2-D one of unit height: ``h = kh = sh = dh = 1``, ``ph = 0``.
+
+    ``c``, ``h``, ``w``: input channels, height and width; ``kh``, ``kw``:
+    kernel height and width; ``sh``, ``sw``: strides; ``ph``, ``pw``: the
+    leading (top, left) paddings (with ``padding="same"`` and an even
+    kernel the extra row or column is at the bottom or right, and shows
+    only in ``oh``, ``ow``); ``dh``, ``dw``: dilations; ``oh``, ``ow``:
+    output height and width; ``groups``; ``co``: output channels.
+
+    Kernels (:mod:`nbops.cpu.conv`, :mod:`nbops.cuda.conv`) take it as a
+    plain tuple in this order, ``tuple(geo)``: a named tuple is another
+    Numba type, and would compile every kernel a second time.
+    """
+
+    c: int
+    h: int
+    w: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    ph: int
+    pw: int
+    dh: int
+    dw: int
+    oh: int
+    ow: int
+    groups: int
+    co: int
+
+
 def _geometry(op, spatial, x, weight, stride, padding, dilation, groups):
-    """Validated ``(geo, out_shape)``; ``geo`` as in :mod:`nbops.cpu.conv`.
+    """Validated ``(geo, out_shape)``, ``geo`` a :class:`ConvGeometry`.
     Remembered per call pattern (shapes, and parameters with their types):
     the checks took 15 us a call, a tenth of a depthwise convolution on a
     144 x 56 x 56 map."""
@@ -530,8 +564,8 @@ def _check_geometry(op, spatial, x, weight, stride, padding, dilation, groups):
                 f"{dilation[axis]}) but the padded input of 'x' is only "
                 f"{hw[axis] + pad_total[axis]} (size {hw[axis]} + padding {pad_total[axis]})")
     ohw = tuple((hw[a] + pad_total[a] - eff[a]) // stride[a] + 1 for a in range(2))
-    geo = (c, hw[0], hw[1], kk[0], kk[1], stride[0], stride[1], pad_lo[0], pad_lo[1],
-           dilation[0], dilation[1], ohw[0], ohw[1], groups, co)
+    geo = ConvGeometry(c, hw[0], hw[1], kk[0], kk[1], stride[0], stride[1], pad_lo[0],
+                       pad_lo[1], dilation[0], dilation[1], ohw[0], ohw[1], groups, co)
     out_shape = (n, co) + (ohw if spatial == 2 else ohw[1:])
     return geo, out_shape
 
@@ -561,9 +595,8 @@ def _conv(op, spatial, x, weight, bias, wscale, stride, padding, dilation, group
     dev = _dispatch.resolve_device(op, x=x, weight=weight, bias=bias, out=out,
                                    residual=residual, **(scale_arrays or {}))
     geo, out_shape = _geometry(op, spatial, x, weight, stride, padding, dilation, groups)
-    co = geo[-1]
-    if bias is not None and tuple(bias.shape) != (co,):
-        raise ValueError(f"{op}: argument 'bias' must have shape ({co},) to match 'weight' "
+    if bias is not None and tuple(bias.shape) != (geo.co,):
+        raise ValueError(f"{op}: argument 'bias' must have shape ({geo.co},) to match 'weight' "
                          f"{tuple(weight.shape)}, got {tuple(bias.shape)}")
     if residual is not None and tuple(residual.shape) != out_shape:
         raise ValueError(f"{op}: argument 'residual' must have the output's shape "
@@ -577,17 +610,18 @@ def _conv(op, spatial, x, weight, bias, wscale, stride, padding, dilation, group
     sc = empty if wscale is None else wscale
     o4 = _as4d(out, spatial)
     rc = empty if residual is None else _reshape(tensor.contiguous_array(residual), (-1,))
-    args = (xc, wc, sc, bc, o4, geo, _ACTS[activation], rc)
+    args = (xc, wc, sc, bc, o4, tuple(geo), _ACTS[activation], rc)
     if out.size == 0:
         return out, geo
-    _launch(op, _kernel_for(dev, args, int(x.shape[0]), x.dtype), args, out, dev)
+    _launch(op, _kernel_for(dev, geo, args, int(x.shape[0]), x.dtype), args, geo, out, dev)
     return out, geo
 
 
-def _launch(op, run, args, out, dev):
-    """``run(*args)`` with the kernels' working memory counted first, and an
-    allocation that fails inside them raised under the op's name."""
-    _check_workspace(op, args[5], out, dev)
+def _launch(op, run, args, geo, out, dev):
+    """``run(*args)`` with the kernels' working memory (for the geometry
+    ``geo``) counted first, and an allocation that fails inside them raised
+    under the op's name."""
+    _check_workspace(op, geo, out, dev)
     try:
         run(*args)
     except (MemoryError, SystemError) as exc:
@@ -607,27 +641,28 @@ def _check_workspace(op, geo, out, dev):
     and kill the process once the kernel writes them."""
     if dev == CUDA:
         return
-    c, h, w, _, _, _, _, ph, pw, _, _, oh, ow, _, co = geo
-    per_image = c * (h + 2 * ph) * (w + 2 * pw) + co * oh * (w + 2 * pw + ow)
+    padded_w = geo.w + 2 * geo.pw
+    per_image = (geo.c * (geo.h + 2 * geo.ph) * padded_w
+                 + geo.co * geo.oh * (padded_w + geo.ow))
     item = out.dtype.itemsize
     if per_image * item > (1 << 28):  # small workspaces need no check
         _checks.allocation(op, out.shape, out.dtype, dev, workspace=per_image * item)
 
 
 def _tuning_key(geo, n, dtype):
-    c, h, w, kh, kw, sh, sw = geo[:7]
+    sh, sw = geo.sh, geo.sw
     # both strides in the key: (1, 2) must not share a tuning with (1, 1)
-    return dict(n=n, c=c, hw=h * w, co=geo[14], kk=kh * kw,
-                stride=sh if sh == sw else f"{sh}x{sw}", groups=geo[13],
+    return dict(n=n, c=geo.c, hw=geo.h * geo.w, co=geo.co, kk=geo.kh * geo.kw,
+                stride=sh if sh == sw else f"{sh}x{sw}", groups=geo.groups,
                 dtype=_DTYPE_NAMES.get(dtype) or np.dtype(dtype).name)
 
 
-def _kernel_for(dev, args, n, dtype):
-    """conv.conv2d's kernel for ``args`` with the algorithm that the
-    autotuner picks for them bound (it tunes here if the shape is new)."""
+def _kernel_for(dev, geo, args, n, dtype):
+    """conv.conv2d's kernel for ``args`` (of geometry ``geo``) with the
+    algorithm that the autotuner picks for them bound (it tunes here if the
+    shape is new)."""
     kernel = _dispatch.kernel("conv.conv2d", dev)
-    geo = args[5]
-    if dev == CUDA or geo[0] // geo[13] == 1:  # a single algorithm
+    if dev == CUDA or geo.c // geo.groups == 1:  # a single algorithm
         return kernel
     return functools.partial(kernel, **_cpu_conv.config_for((args,), _tuning_key(geo, n, dtype),
                                                             gpu=False))
@@ -678,10 +713,10 @@ def _conv_packed(op, pack, x, bias, geometry, activation, out, residual):
     rc = pack._empty if residual is None else \
         _reshape(tensor.contiguous_array(residual), (-1,))
     args = (_as4d(tensor.contiguous_array(x), spatial), pack._w4, pack._empty, pack._b,
-            _as4d(out, spatial), pack._geo, _ACTS[activation], rc)
+            _as4d(out, spatial), tuple(pack._geo), _ACTS[activation], rc)
     if pack._kernel is None:
-        pack._kernel = _kernel_for(dev, args, int(x.shape[0]), x.dtype)
-    _launch(op, pack._kernel, args, out, dev)
+        pack._kernel = _kernel_for(dev, pack._geo, args, int(x.shape[0]), x.dtype)
+    _launch(op, pack._kernel, args, pack._geo, out, dev)
     return out
 
 
@@ -752,22 +787,22 @@ def _swap(x):
 def _conv_grads(x, w, grad, geo, spatial, need_x, need_w, need_b):
     """``(gx, gw, gb)`` of ``out = conv(x, w) + b`` given ``grad`` of out
     (None for gradients not needed)."""
-    c, h, wd, kh, kw = geo[:5]
-    oh, ow, groups, co = geo[11:]
+    c, groups, co = geo.c, geo.groups, geo.co
     n = int(x.shape[0])
-    mg, k, p = co // groups, (c // groups) * kh * kw, oh * ow
+    mg, k, p = co // groups, (c // groups) * geo.kh * geo.kw, geo.oh * geo.ow
     dev = _dispatch.device_of_array(grad)
     g4 = _reshape(tensor.contiguous(grad), (n, groups, mg, p))
     gx = gw = gb = None
     if need_x:
         wm = _reshape(tensor.contiguous(w), (groups, mg, k))
         cols = matmul(_swap(wm), g4)  # (N, G, k, P)
-        gx = _checks.empty((n, c, h, wd), x.dtype, dev)
-        _dispatch.kernel("conv.col2im", dev)(cols, geo, gx)
+        gx = _checks.empty((n, c, geo.h, geo.w), x.dtype, dev)
+        _dispatch.kernel("conv.col2im", dev)(cols, tuple(geo), gx)
         gx = _reshape(gx, tuple(x.shape))
     if need_w:
         cols = _checks.empty((n, groups, k, p), x.dtype, dev)
-        _dispatch.kernel("conv.im2col", dev)(_as4d(tensor.contiguous(x), spatial), geo, cols)
+        _dispatch.kernel("conv.im2col", dev)(_as4d(tensor.contiguous(x), spatial), tuple(geo),
+                                             cols)
         gw = arith.sum(matmul(g4, _swap(cols)), axis=0)  # (G, mg, k)
         gw = _reshape(gw, tuple(w.shape))
     if need_b:

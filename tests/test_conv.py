@@ -409,7 +409,7 @@ def test_residual_default_blocks_float32_and_batches(dtype):
     out = np.empty_like(r)
     geo, _ = conv_mod._geometry("t", 2, x, wt, 1, 1, 1, 1)
     e = np.empty(0, dtype)
-    cpu_conv._direct(x, wt, e, e, out, geo, 1, r.reshape(-1))
+    cpu_conv._direct(x, wt, e, e, out, tuple(geo), 1, r.reshape(-1))
     check(out, want, dtype, k=wt[0].size)
 
 
@@ -621,6 +621,32 @@ def test_packed_conv1d_and_out():
     assert got is out
     check(out, ref_conv1d(x, w, b, 2, 1, 1, 2), k=6)
     check(nbops.conv_relu(x, packed), np.maximum(ref_conv1d(x, w, b, 2, 1, 1, 2), 0), k=6)
+
+
+def test_geometry_is_named_and_kernels_get_a_plain_tuple(monkeypatch):
+    # the fronts plan with a ConvGeometry (1-D: unit height); the kernels get
+    # tuple(geo), since a named tuple is another Numba type and would compile
+    # every conv kernel a second time
+    geo, shape = conv_mod._geometry("t", 1, np.zeros((2, 4, 11)), np.zeros((6, 2, 3)), 2, 1,
+                                    1, 2)
+    assert geo == conv_mod.ConvGeometry(c=4, h=1, w=11, kh=1, kw=3, sh=1, sw=2, ph=0, pw=1,
+                                        dh=1, dw=1, oh=1, ow=6, groups=2, co=6)
+    assert shape == (2, 6, 6)
+    from nbops import _dispatch
+
+    seen = []
+    for name, at in (("conv2d", 5), ("im2col", 1), ("col2im", 1)):
+        def spy(*args, _real=_dispatch.kernel(f"conv.{name}", _dispatch.CPU), _at=at,
+                _name=name, **kwargs):
+            seen.append((_name, type(args[_at])))
+            return _real(*args, **kwargs)
+        monkeypatch.setitem(_dispatch._KERNELS, (f"conv.{name}", _dispatch.CPU), spy)
+    x, w = np.ones((1, 4, 5, 5)), np.ones((6, 2, 3, 3))
+    nbops.conv2d(x, w, groups=2)
+    nbops.conv2d(x, nbops.conv_pack(w, input_shape=x.shape, groups=2))
+    nbops.sum(nbops.conv2d(Tensor(x, requires_grad=True), Tensor(w, requires_grad=True),
+                           groups=2)).backward()
+    assert sorted(set(seen)) == [("col2im", tuple), ("conv2d", tuple), ("im2col", tuple)]
 
 
 def test_packed_conv_errors():
