@@ -227,11 +227,28 @@ FORWARD = ("relu", "leaky_relu", "sigmoid", "tanh", "gelu", "gelu_tanh", "silu",
 BACKWARD = tuple(f + "_backward" for f in FORWARD)
 
 
+#: Activation names a GEMM or convolution epilogue knows, in code order
+#: (code 0 is "none").
+EPILOGUES = ("none",) + FORWARD
+
+
+def epilogue_source(fn_name="apply_epilogue"):
+    """Source of ``apply_epilogue(v, act, p, c)``: an if-chain over the
+    activation codes calling the formulas by name. Each device's GEMM module
+    compiles it against its own formulas (``nbops._codegen.generated``)."""
+    lines = [f"def {fn_name}(v, act, p, c):"]
+    for code, name in enumerate(EPILOGUES[1:], start=1):
+        lines.append(f"    {'if' if code == 1 else 'elif'} act == {code}:")
+        lines.append(f"        return {name}(v, p, c)")
+    lines.append("    return v")
+    return "\n".join(lines) + "\n"
+
+
 def functions():
     """Every scalar function defined here, by name (helpers included), for
     the kernel modules to compile."""
     return {name: obj for name, obj in globals().items()
             if callable(obj) and getattr(obj, "__module__", None) == __name__
             and name not in ("consts", "_consts", "params", "_no_params", "functions",
-                             "Consts")
+                             "Consts", "epilogue_source")
             and not isinstance(obj, type)}  # not the lazy stand-in's class

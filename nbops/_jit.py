@@ -40,12 +40,12 @@ accumulators written while rows of ``[T, n]`` buffers are read) gained
 
 Numba's on-disk cache checks only the source file of the function it
 caches, not the modules that function calls into; a kernel built from
-:mod:`nbops._formulas`, :mod:`nbops.cpu._approx`, :mod:`nbops.cpu._memory`,
-the tables of :mod:`nbops.cpu._piecewise`, the neuron equations of
-:mod:`nbops.neuromorphic.lif` or the constants of :mod:`nbops._tunables`
-would keep running stale machine code after one of them changed.
-``cpu_kernel`` therefore adds a digest of those shared sources (and of this
-file) to each kernel's cache key."""
+:mod:`nbops._formulas`, :mod:`nbops._scalars`, :mod:`nbops.cpu._approx`,
+:mod:`nbops.cpu._memory`, the tables of :mod:`nbops.cpu._piecewise`, the
+neuron equations of :mod:`nbops.neuromorphic.lif` or the constants of
+:mod:`nbops._tunables` would keep running stale machine code after one of
+them changed. ``cpu_kernel`` therefore adds a digest of those shared
+sources (and of this file) to each kernel's cache key."""
 
 import hashlib
 import pathlib
@@ -90,8 +90,9 @@ def cpu_kernel(fn=None, *, parallel=False, fastmath=FASTMATH, slp=True, hoist_ch
 
 
 #: Sources that kernels in other files compile into themselves.
-SHARED_SOURCES = ("_jit.py", "_codegen.py", "_tunables.py", "_formulas.py", "cpu/_approx.py",
-                  "cpu/_memory.py", "cpu/_piecewise.py", "neuromorphic/lif.py", "cpu/linalg.py")
+SHARED_SOURCES = ("_jit.py", "_codegen.py", "_tunables.py", "_formulas.py", "_scalars.py",
+                  "cpu/_approx.py", "cpu/_memory.py", "cpu/_piecewise.py", "neuromorphic/lif.py",
+                  "cpu/linalg.py")
 _digest = None
 
 

@@ -74,6 +74,7 @@ from numba.extending import intrinsic, register_jitable
 
 from .. import _formulas
 from .._codegen import bind, generated, per_dtype
+from .._formulas import EPILOGUES, epilogue_source
 from .._jit import FASTMATH_REDUCE, cpu_kernel
 from .._runtime import _blas_threads
 from .._tunables import EPILOGUE_COLS, GEMM_TASKS_PER_THREAD as TASKS_PER_THREAD
@@ -86,25 +87,10 @@ __all__ = ["gemm", "gemm_blas"]
 #: Entry points with no CUDA twin: the BLAS route exists on the CPU only.
 CPU_ONLY = ("gemm_blas",)
 
-#: Activation names the epilogue knows, in code order (code 0 is "none").
-EPILOGUES = ("none",) + _formulas.FORWARD
-
 #: Register tile (MR, NR) per dtype: 8 rows of two 512-bit vectors of C,
 #: 16 accumulator registers (within a few percent of 16x16, which needs
 #: twice the A broadcasts; docs/benchmarks.md, GEMM).
 TILES = {np.dtype(np.float32): (8, 32), np.dtype(np.float64): (8, 16)}
-
-
-def epilogue_source(fn_name="apply_epilogue"):
-    """Source of ``apply_epilogue(v, act, p, c)``: an if-chain over the
-    activation codes calling the formulas by name. The CUDA module compiles
-    the same source against its device functions."""
-    lines = [f"def {fn_name}(v, act, p, c):"]
-    for code, name in enumerate(EPILOGUES[1:], start=1):
-        lines.append(f"    {'if' if code == 1 else 'elif'} act == {code}:")
-        lines.append(f"        return {name}(v, p, c)")
-    lines.append("    return v")
-    return "\n".join(lines) + "\n"
 
 
 _apply_epilogue = register_jitable(

@@ -3,43 +3,20 @@ each parameter that reads its gradient and state and writes the parameter
 and state back, instead of NumPy's chain of temporaries (an Adam step is a
 dozen array expressions in NumPy, one memory pass here).
 
-The per-element updates are plain jitable functions that
-:mod:`nbops.cuda.optim` compiles again as device functions. ``s`` holds the
+The per-element updates are the plain functions of :mod:`nbops._scalars`,
+which :mod:`nbops.cuda.optim` compiles again as device functions. ``s`` holds the
 step's scalars already in the parameter's dtype (float32 math for float32
 parameters).
 """
-
-import math
 
 from numba import prange
 from numba.extending import register_jitable
 
 from .._jit import serial_and_parallel
+from .._scalars import adam_update, sgd_update
 from .._tunables import SERIAL_BELOW as PARALLEL_MIN
 
 __all__ = ["sgd_step", "adam_step"]
-
-
-def sgd_update(i, p, g, buf, s):
-    # s = (lr, weight_decay, keep, mix, momentum, nesterov, use_buffer): buf = keep*buf + mix*d
-    lr, wd, keep, mix, momentum, nesterov, use_buffer = s
-    d = g[i] + wd * p[i]
-    if use_buffer:
-        b = keep * buf[i] + mix * d
-        buf[i] = b
-        d = d + momentum * b if nesterov else b
-    p[i] -= lr * d
-
-
-def adam_update(i, p, g, m, v, s):
-    # s = (b1, 1-b1, b2, 1-b2, l2, decay, step_size, inv_sqrt_bc2, eps)
-    b1, c1, b2, c2, l2, decay, step_size, inv_sqrt_bc2, eps = s
-    gi = g[i] + l2 * p[i]
-    mi = b1 * m[i] + c1 * gi
-    vi = b2 * v[i] + c2 * gi * gi
-    m[i] = mi
-    v[i] = vi
-    p[i] = p[i] * decay - step_size * mi / (math.sqrt(vi) * inv_sqrt_bc2 + eps)
 
 
 register_jitable(sgd_update)

@@ -32,6 +32,7 @@ import numpy as np
 from numba import get_num_threads, prange, set_num_threads, uint64
 
 from .._jit import cpu_kernel
+from .._scalars import offsets
 from .._tunables import COPY_CHUNK as CHUNK, COPY_SERIAL_BYTES as SERIAL_BYTES
 from .._tunables import TRANSPOSE_PAD as PAD, TRANSPOSE_TILE as TILE
 
@@ -83,22 +84,6 @@ def _launch(dst, doff, dstr, src, soff, sstr, shape, axis, threads):
 def _flat(dst, src):
     for i in prange(src.size):
         dst[i] = src[i]
-
-
-def offsets(u, shape, dstr, sstr, doff, soff, skip0, skip1):
-    """Destination and source offsets of the C-order multi-index ``u`` over
-    the axes other than ``skip0``/``skip1`` (those the caller loops over
-    itself). Plain Python, compiled here for the CPU and by the CUDA module
-    as a device function."""
-    for k in range(len(shape) - 1, -1, -1):
-        if k == skip0 or k == skip1:
-            continue
-        q = u // shape[k]
-        i = u - q * shape[k]
-        u = q
-        doff += i * dstr[k]
-        soff += i * sstr[k]
-    return doff, soff
 
 
 _offsets = cpu_kernel(offsets)

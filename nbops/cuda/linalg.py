@@ -9,7 +9,7 @@ tile along whichever axis is unit-stride in memory, so row-major and
 transposed operands both load coalesced. Every load and store is bounds
 checked: any m, n, k (0 included). The batch runs through the grid's third
 dimension (grid-stride, so any batch count fits). The epilogue (bias, then
-an activation chosen by code, the CPU's ``EPILOGUES``) is applied to the
+an activation chosen by code, ``nbops._formulas.EPILOGUES``) is applied to the
 register tile before it is stored.
 
 Operands have the CPU kernel's form: flat buffers, element strides and
@@ -22,7 +22,7 @@ import numpy as np
 from numba import cuda, float32, float64
 
 from .._codegen import generated
-from ..cpu.linalg import epilogue_source
+from .._formulas import epilogue_source
 from ._launch import SIMULATED
 from .activations import _DEVICE
 

@@ -1,19 +1,19 @@
 """CUDA kernels of the optimizers: the per-element updates of
-:mod:`nbops.cpu.optim` as device functions, in grid-stride loops over the
+:mod:`nbops._scalars` as device functions, in grid-stride loops over the
 flat parameter. Launchers have the CPU signatures.
 """
 
 from numba import cuda
 
+from .. import _scalars
 from .._codegen import twins
-from ..cpu import optim as _cpu
 from ._launch import grid_1d
 
 __all__ = ["sgd_step", "adam_step"]
 
 
-_D = twins({name: getattr(_cpu, name) for name in ("sgd_update", "adam_update")},
-           cuda.jit(device=True), dict(vars(_cpu)))
+_D = twins({name: getattr(_scalars, name) for name in ("sgd_update", "adam_update")},
+           cuda.jit(device=True), dict(vars(_scalars)))
 _sgd_update, _adam_update = _D["sgd_update"], _D["adam_update"]
 
 

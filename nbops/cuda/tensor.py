@@ -19,7 +19,7 @@ The buffers arrive as flat arrays of an unsigned type of the element's width
 import numba
 from numba import cuda
 
-from ..cpu.tensor import offsets
+from .._scalars import offsets
 from ._launch import TILE, TILE_ROWS, grid_1d, grid_tiles_3d
 
 __all__ = ["strided_copy"]

@@ -3,69 +3,26 @@
 Cross-entropy works row by row (one ``prange`` iteration per sample): the
 row's maximum, ``log(sum(exp(x - max)))`` and the target's logit give the
 loss, and the backward recomputes the softmax rather than storing it. The
-row functions are plain jitable Python that :mod:`nbops.nn.cuda` compiles
-again as device functions, so both devices share one formula: ``approx``
-is :mod:`nbops.cpu._approx` here (exponentials that vectorize; ``math.exp``
-is a libm call per logit) and a module of :mod:`math` twins there.
+row functions are the plain Python of :mod:`nbops._scalars`, which
+:mod:`nbops.nn.cuda` compiles again as device functions, so both devices
+share one formula: ``approx`` is :mod:`nbops.cpu._approx` here (exponentials
+that vectorize; ``math.exp`` is a libm call per logit) and a module of
+:mod:`math` twins there.
 
 Binary cross-entropy with logits is elementwise; its kernels come from the
 activations' generators (flat and 2-D strided).
 """
 
-import math
-
 from numba import prange
 from numba.extending import register_jitable
 
 from .._jit import FASTMATH_REDUCE, serial_and_parallel
+from .._scalars import bce_grad_term, bce_term, row_grad, row_loss, row_max, row_sum_exp
 from .._tunables import SERIAL_BELOW as PARALLEL_MIN
-from ..cpu import _approx as approx
 from ..cpu.activations import _binary_kernels, _launcher
 
 __all__ = ["cross_entropy", "cross_entropy_backward", "bce_with_logits",
            "bce_with_logits_backward"]
-
-
-def row_max(x, i):
-    m = x[i, 0]
-    for j in range(1, x.shape[1]):
-        v = x[i, j]
-        # NaN wins, as in a NaN-propagating max
-        m = v if (v > m) | (v != v) else m
-    return m
-
-
-def row_sum_exp(x, i, m, zero):
-    s = zero
-    for j in range(x.shape[1]):
-        s += approx.exp_nonpos(x[i, j] - m)
-    return s
-
-
-def row_loss(x, t, i, zero):
-    m = row_max(x, i)
-    return m + math.log(row_sum_exp(x, i, m, zero)) - x[i, t[i]]
-
-
-def row_grad(x, t, grow, out, i, zero):
-    """``out[i] = grow[i] * (softmax(x[i]) - onehot(t[i]))``."""
-    m = row_max(x, i)
-    scale = grow[i] / row_sum_exp(x, i, m, zero)
-    for j in range(x.shape[1]):
-        out[i, j] = approx.exp_nonpos(x[i, j] - m) * scale
-    out[i, t[i]] -= grow[i]
-
-
-def bce_term(x, t, p, c):
-    # max(x, 0) - x t + log(1 + exp(-|x|)): no overflow for any x
-    return (x if x > c.zero else c.zero) - x * t + approx.log1p(approx.exp_nonpos(-abs(x)))
-
-
-def bce_grad_term(x, t, p, c):
-    # sigmoid(x) - t, with the sigmoid from exp(-|x|)
-    e = approx.exp_nonpos(-abs(x))
-    s = c.one / (c.one + e)
-    return (s if x >= c.zero else e * s) - t
 
 
 for _f in (row_max, row_sum_exp, row_loss, row_grad, bce_term, bce_grad_term):

@@ -1,5 +1,5 @@
 """CUDA kernels of the losses in :mod:`nbops.nn.losses`: the row functions
-and elementwise terms of :mod:`nbops.nn.cpu`, compiled as device functions.
+and elementwise terms of :mod:`nbops._scalars`, compiled as device functions.
 Cross-entropy runs one thread per sample (grid-stride over rows); class
 counts are small next to batch sizes. Launchers have the CPU signatures.
 """
@@ -9,10 +9,10 @@ import types
 
 from numba import cuda
 
+from .. import _scalars
 from .._codegen import twins
 from ..cuda._launch import grid_1d
 from ..cuda.activations import _binary_kernels, _launcher
-from . import cpu as _cpu
 
 __all__ = ["cross_entropy", "cross_entropy_backward", "bce_with_logits",
            "bce_with_logits_backward"]
@@ -27,8 +27,8 @@ _APPROX.log1p = math.log1p
 def _device_functions():
     # copies sharing one globals dict where each helper name is its device twin
     names = ("row_max", "row_sum_exp", "row_loss", "row_grad", "bce_term", "bce_grad_term")
-    return twins({name: getattr(_cpu, name) for name in names}, cuda.jit(device=True),
-                 dict(vars(_cpu), approx=_APPROX))
+    return twins({name: getattr(_scalars, name) for name in names}, cuda.jit(device=True),
+                 dict(vars(_scalars), approx=_APPROX))
 
 
 _D = _device_functions()

@@ -25,6 +25,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, register_jitable
 
 from .._jit import FASTMATH_REDUCE, cpu_kernel
+from .._scalars import merge_rows
 from .._tunables import SPARSE_AHEAD as _AHEAD, SPARSE_CHUNKS_PER_THREAD as _CHUNKS_PER_THREAD
 from .._tunables import SPARSE_GRAIN as _GRAIN
 from ..cpu import _memory
@@ -720,35 +721,6 @@ def canonicalize(data, indices, indptr, merge):
 
 # ---------------------------------------------------------------------------
 # C = alpha * A + beta * B, both canonical: a merge of sorted rows
-
-
-def merge_rows(a_data, a_ind, a0, a1, b_data, b_ind, b0, b1, alpha, beta, data, ind, p, fill):
-    """Merges one row of A (``a0:a1``) with one of B (``b0:b1``) into
-    ``data``/``ind`` from position ``p`` (only counted unless ``fill``);
-    returns the number of entries. Plain Python, compiled for both devices."""
-    i = a0
-    j = b0
-    n = 0
-    while i < a1 or j < b1:
-        ca = a_ind[i] if i < a1 else -1
-        cb = b_ind[j] if j < b1 else -1
-        take_a = cb < 0 or (ca >= 0 and ca <= cb)
-        take_b = ca < 0 or (cb >= 0 and cb <= ca)
-        if fill:
-            if take_a:
-                v = alpha * a_data[i]
-                if take_b:
-                    v += beta * b_data[j]
-            else:
-                v = beta * b_data[j]
-            ind[p + n] = ca if take_a else cb
-            data[p + n] = v
-        if take_a:
-            i += 1
-        if take_b:
-            j += 1
-        n += 1
-    return n
 
 
 _merge_rows = register_jitable(merge_rows)

@@ -22,8 +22,8 @@ import math
 import numpy as np
 from numba import cuda, from_dtype
 
+from .._scalars import merge_rows
 from ..cuda._launch import THREADS, grid_1d
-from . import cpu as _cpu
 
 __all__ = ["spmv", "spmm", "sddmm", "row_softmax", "row_softmax_backward", "scale",
            "to_dense", "gather", "scatter", "add", "group_size"]
@@ -274,7 +274,7 @@ def scatter(src, perm, out):
     return out
 
 
-_merge_rows = cuda.jit(device=True)(_cpu.merge_rows)
+_merge_rows = cuda.jit(device=True)(merge_rows)
 
 
 @cuda.jit
