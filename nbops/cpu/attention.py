@@ -302,9 +302,7 @@ def _driver_t(qbuf, offq, sqr, sqc, kbuf, offk, skr, skc, vbuf, offv, svr, svc,
 @per_dtype
 def _drivers(dt):
     """The forward driver for ``dt``'s register tile, built on first use."""
-    mr, nr = _linalg.TILES[dt]
-    scope = dict(globals())
-    scope.update(MR=mr, NR=nr, _micro=_linalg.micro(mr, nr))
+    mr, nr, scope = _linalg.tile_scope(globals(), dt)
     scope["_online"] = cpu_kernel(bind(_online_t, scope, f"attn_online_{mr}x{nr}"))
     scope["_task"] = register_jitable(bind(_task_t, scope, f"attn_task_{mr}x{nr}"))
     return cpu_kernel(bind(_driver_t, scope, f"attn_fwd_{mr}x{nr}"), parallel=True)

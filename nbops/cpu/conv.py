@@ -450,9 +450,7 @@ def _igemm_t(xf, apk, bias, of, geo, ncol, nj, mch, act, zero, nchunks, wq, in_p
 @per_dtype
 def _igemm_drivers(dtype):
     """The implicit-GEMM driver for ``dtype``'s register tile, built on first use."""
-    mr, nr = _linalg.TILES[dtype]
-    scope = dict(globals())
-    scope.update(MR=mr, NR=nr, _micro=_linalg.micro(mr, nr))
+    mr, nr, scope = _linalg.tile_scope(globals(), dtype)
     scope["_pack_cols"] = register_jitable(bind(_pack_cols_t, scope, f"conv_pack_cols_{nr}"))
     return cpu_kernel(bind(_igemm_t, scope, f"conv_igemm_{mr}x{nr}"), parallel=True)
 

@@ -356,10 +356,18 @@ def _batched_t(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, outf, nbatch, m, n, k
                            act, prm, cst)
 
 
-def _make_drivers(mr, nr):
-    """``(tiles, batched)`` for an MR x NR register tile."""
-    scope = dict(globals())
-    scope.update(MR=mr, NR=nr, _micro=micro(mr, nr))
+def tile_scope(module_globals, dtype):
+    """``(mr, nr, scope)``: ``dtype``'s register tile and a copy of a kernel
+    module's globals with ``MR``, ``NR`` and the tile's micro-kernel
+    ``_micro`` bound, in which that module's driver templates are
+    specialised (here, in :mod:`nbops.cpu.conv` and :mod:`nbops.cpu.attention`)."""
+    mr, nr = TILES[dtype]
+    return mr, nr, dict(module_globals, MR=mr, NR=nr, _micro=micro(mr, nr))
+
+
+def _make_drivers(dtype):
+    """``(tiles, batched)`` for ``dtype``'s register tile."""
+    mr, nr, scope = tile_scope(globals(), dtype)
     scope["_macro"] = register_jitable(bind(_macro_t, scope, f"gemm_macro_{mr}x{nr}"))
     tiles = cpu_kernel(bind(_tiles_t, scope, f"gemm_tiles_{mr}x{nr}"), parallel=True)
     batched = cpu_kernel(bind(_batched_t, scope, f"gemm_batched_{mr}x{nr}"), parallel=True)
@@ -700,7 +708,7 @@ def micro(mr, nr):
 def drivers(dtype):
     """``(tiles, batched)``: the two packed parallel drivers for ``dtype``,
     built on first use (their micro-kernel is ``micro(*TILES[dtype])``)."""
-    return _make_drivers(*TILES[dtype])
+    return _make_drivers(dtype)
 
 
 def gemm(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act, prm, cst,
