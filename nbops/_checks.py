@@ -246,12 +246,11 @@ def choice(op, name, value, options):
 
 def axis(op, name, value, ndim):
     """Normalise an axis index (negative counts from the end)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{op}: argument '{name}' must be an int, got {describe(value)}")
+    value = int_arg(op, name, value)
     if not -ndim <= value < ndim:
         raise ValueError(f"{op}: argument '{name}' is {value}, out of range for "
                          f"an array of {ndim} dimension(s)")
-    return int(value) % ndim
+    return value % ndim
 
 
 def int_arg(op, name, value, low=None):

@@ -685,10 +685,8 @@ def fuse(fn=None, reduce=None, axis=None, name=None):
         raise TypeError(f"fuse: fn must be callable, got {_checks.describe(fn)}")
     if reduce is not None:
         _checks.choice("fuse", "reduce", reduce, REDUCTIONS)
-    if axis is not None and (isinstance(axis, (bool, np.bool_))
-                             or not isinstance(axis, numbers.Integral)):
-        raise TypeError(f"fuse: argument 'axis' must be an int or None, got "
-                        f"{_checks.describe(axis)}")
+    if axis is not None:
+        axis = _checks.int_arg("fuse", "axis", axis)
     if axis is not None and reduce is None:
         raise ValueError("fuse: argument 'axis' needs a reduction (reduce='sum', 'mean' "
                          "or 'max')")

@@ -116,12 +116,6 @@ def _array(op, name, x):
     return _checks.array(op, name, x, DTYPES)
 
 
-def _int(op, name, value):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{op}: argument '{name}' must be an int, got {_checks.describe(value)}")
-    return int(value)
-
-
 def _int_sequence(op, name, value):
     """A list of Python ints from a tuple/list/1-D integer array."""
     if isinstance(value, np.ndarray) and value.ndim == 1:
@@ -130,7 +124,7 @@ def _int_sequence(op, name, value):
         raise TypeError(f"{op}: argument '{name}' must be a sequence of ints, "
                         f"got {_checks.describe(value)}")
     # plain ints pass without building the error message's argument name
-    return [v if type(v) is int else _int(op, f"{name}[{i}]", v)
+    return [v if type(v) is int else _checks.int_arg(op, f"{name}[{i}]", v)
             for i, v in enumerate(value)]
 
 

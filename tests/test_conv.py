@@ -718,6 +718,12 @@ def test_conv_modules():
         check(c1(x[:, :2, 0]), ref_conv1d(x[:, :2, 0], c1.weight.data, None, 1, "same"), k=6)
     with pytest.raises(ValueError, match="divisible by groups"):
         nn.Conv2d(4, 6, 3, groups=4)
+    with pytest.raises(TypeError, match="Conv2d: argument 'in_channels' must be an int"):
+        nn.Conv2d(4.0, 6, 3)
+    with pytest.raises(ValueError, match="Conv1d: argument 'groups' must be >= 1"):
+        nn.Conv1d(4, 6, 3, groups=0)
+    with pytest.raises(ValueError, match="'kernel_size' must be an int or a tuple of 2 ints"):
+        nn.Conv2d(4, 6, (3,))
 
 
 def _randomise_bn(bn, rng):

@@ -69,6 +69,10 @@ def test_module_misuse():
         nn.Sequential(nn.ReLU(), 3)
     with pytest.raises(ValueError, match="in_features must be a positive int"):
         nn.Linear(0, 2)
+    with pytest.raises(TypeError, match="BatchNorm2d: argument 'num_features' must be an int"):
+        nn.BatchNorm2d(True)
+    with pytest.raises(TypeError, match="LayerNorm: argument 'normalized_shape' must be an int"):
+        nn.LayerNorm((4, 2.0))
     with pytest.raises(TypeError, match="float32 or float64"):
         nn.Linear(2, 2, dtype=np.int32)
     with pytest.raises(TypeError, match="unexpected arguments"):

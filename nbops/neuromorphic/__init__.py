@@ -160,11 +160,8 @@ def _surrogate(op, surrogate, dtype, given):
 
 
 def _refractory(op, value):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) \
-            or value < 0:
-        raise ValueError(f"{op}: argument 'refractory' must be an int >= 0 (time steps), "
-                         f"got {value!r}")
-    return int(value)
+    """The refractory period in time steps."""
+    return _checks.int_arg(op, "refractory", value, low=0)
 
 
 def _spike_dtype(op, spike_dtype, dtype):
@@ -415,10 +412,12 @@ def lif(inputs, beta, threshold=1.0, reset="subtract", v0=None, *, refractory=0,
     Raises
     ------
     TypeError
-        non-float inputs, mismatched dtypes or devices, bad ``spike_dtype``.
+        non-float inputs, mismatched dtypes or devices, bad ``spike_dtype``,
+        a non-int ``refractory``.
     ValueError
         inputs not [T, ...] with T >= 1, beta outside [0, 1], threshold <= 0
-        or non-finite, unknown reset or surrogate, a state of the wrong shape.
+        or non-finite, a negative ``refractory``, unknown reset or surrogate,
+        a state of the wrong shape.
 
     Example
     -------

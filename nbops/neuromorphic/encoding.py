@@ -11,7 +11,6 @@ CPU and on CUDA, for any number of threads.
 """
 
 import importlib
-import numbers
 
 import numpy as np
 
@@ -35,10 +34,7 @@ _ANY_SPIKES = _SPIKE_STORAGE + (np.dtype(np.int8),)
 
 
 def _steps(op, num_steps):
-    if isinstance(num_steps, (bool, np.bool_)) or not isinstance(num_steps, numbers.Integral) \
-            or num_steps < 1:
-        raise ValueError(f"{op}: argument 'num_steps' must be an int >= 1, got {num_steps!r}")
-    return int(num_steps)
+    return _checks.int_arg(op, "num_steps", num_steps, low=1)
 
 
 def _storage(op, dtype, allowed=_SPIKE_STORAGE):
@@ -64,10 +60,10 @@ def _flat(x, dtype=None):
 
 
 def _seed(op, seed):
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral) \
-            or not 0 <= seed < 2 ** 64:
-        raise ValueError(f"{op}: argument 'seed' must be an int in [0, 2**64), got {seed!r}")
-    return _lif.seed_key(int(seed))
+    seed = _checks.int_arg(op, "seed", seed, low=0)
+    if seed >= 2 ** 64:
+        raise ValueError(f"{op}: argument 'seed' must be < 2**64, got {seed}")
+    return _lif.seed_key(seed)
 
 
 def _encode(op, kernel, x, num_steps, dtype, args):
@@ -105,8 +101,9 @@ def rate(x, num_steps, gain=1.0, *, mode="bernoulli", seed=0, dtype=np.uint8):
     -------
     spikes : [num_steps, *x.shape] of ``dtype`` on x's device.
 
-    Raises TypeError (x not float, bad dtype) and ValueError (num_steps < 1,
-    negative gain, unknown mode, bad seed).
+    Raises TypeError (x not float, bad dtype, non-int num_steps or seed) and
+    ValueError (num_steps < 1, negative gain, unknown mode, seed outside
+    [0, 2**64)).
 
     Example
     -------

@@ -8,11 +8,10 @@ uniform in +-1/sqrt(fan_in) with fan_in = in_channels / groups * prod(kernel).
 """
 
 import math
-import numbers
 
 import numpy as np
 
-from .. import _dispatch, conv
+from .. import _checks, _dispatch, conv
 from .layers import ReLU, _dtype, _operands, _rng
 from .module import Module, Parameter, Sequential
 
@@ -28,26 +27,20 @@ class _ConvNd(Module):
                  rng=None):
         super().__init__()
         name = type(self).__name__
-        for arg, v in (("in_channels", in_channels), ("out_channels", out_channels),
-                       ("groups", groups)):
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-                raise ValueError(f"{name}: {arg} must be a positive int, got {v!r}")
+        in_channels = _checks.int_arg(name, "in_channels", in_channels, low=1)
+        out_channels = _checks.int_arg(name, "out_channels", out_channels, low=1)
+        groups = _checks.int_arg(name, "groups", groups, low=1)
         if in_channels % groups or out_channels % groups:
             raise ValueError(f"{name}: in_channels ({in_channels}) and out_channels "
                              f"({out_channels}) must both be divisible by groups ({groups})")
         if padding_mode != "zeros":
             raise ValueError(f"{name}: padding_mode must be 'zeros', got {padding_mode!r}")
-        ks = tuple(kernel_size) if isinstance(kernel_size, (tuple, list)) else \
-            (kernel_size,) * self._spatial
-        if len(ks) != self._spatial or any(
-                isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1 for k in ks):
-            raise ValueError(f"{name}: kernel_size must be a positive int or a tuple of "
-                             f"{self._spatial}, got {kernel_size!r}")
+        ks = _checks.int_tuple(name, "kernel_size", kernel_size, self._spatial, low=1)
         dtype = _dtype(name, dtype)
-        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
-        self.kernel_size = tuple(int(k) for k in ks)
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size = ks
         self.stride, self.padding, self.dilation = stride, padding, dilation
-        self.groups = int(groups)
+        self.groups = groups
         rng = _rng(rng)
         fan_in = in_channels // groups * math.prod(self.kernel_size)
         bound = 1.0 / math.sqrt(fan_in)
@@ -71,7 +64,8 @@ class Conv2d(_ConvNd):
     """:func:`nbops.conv2d` as a layer: ``Conv2d(in_channels, out_channels,
     kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
     padding_mode="zeros", dtype=float32, rng=None)``; input (N, C, H, W).
-    Raises ValueError for non-positive sizes, channels not divisible by
+    Raises TypeError for non-int sizes, ValueError for sizes below 1 (or a
+    ``kernel_size`` tuple of the wrong length), channels not divisible by
     ``groups``, another padding mode; the call raises as :func:`nbops.conv2d`.
 
     >>> layer = nbops.nn.Conv2d(3, 8, 3, padding=1, rng=0)

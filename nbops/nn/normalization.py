@@ -14,7 +14,7 @@ import numbers
 
 import numpy as np
 
-from .. import _dispatch, normalization
+from .. import _checks, _dispatch, normalization
 from .layers import _dtype, _operands
 from .module import Module, Parameter
 
@@ -28,10 +28,7 @@ class _BatchNorm(Module):
                  track_running_stats=True, dtype=np.float32):
         super().__init__()
         name = type(self).__name__
-        if isinstance(num_features, bool) or not isinstance(num_features, numbers.Integral) \
-                or num_features < 1:
-            raise ValueError(f"{name}: num_features must be a positive int, got "
-                             f"{num_features!r}")
+        num_features = _checks.int_arg(name, "num_features", num_features, low=1)
         if momentum is not None and not (isinstance(momentum, numbers.Real)
                                          and 0.0 <= momentum <= 1.0):
             raise ValueError(f"{name}: momentum must be in [0, 1] or None (cumulative "
@@ -39,7 +36,7 @@ class _BatchNorm(Module):
         if not isinstance(eps, numbers.Real) or not eps >= 0:
             raise ValueError(f"{name}: eps must be a real number >= 0, got {eps!r}")
         dtype = _dtype(name, dtype)
-        self.num_features = int(num_features)
+        self.num_features = num_features
         self.eps = float(eps)
         self.momentum = None if momentum is None else float(momentum)
         self.affine = bool(affine)
@@ -113,7 +110,8 @@ class BatchNorm1d(_BatchNorm):
     are buffers: (C,) arrays of ``dtype`` and an int64 0-d array, in
     ``state_dict()`` after ``weight``/``bias``, moved by ``to()``; None
     (and left out of ``state_dict()``) when ``track_running_stats=False``.
-    Raises ValueError for bad sizes or input ranks.
+    Raises TypeError for a non-int ``num_features``, ValueError for bad
+    sizes or input ranks.
 
     >>> bn = nbops.nn.BatchNorm1d(3)
     >>> with nbops.no_grad():
@@ -140,13 +138,8 @@ class BatchNorm2d(_BatchNorm):
 
 
 def _shape(name, normalized_shape):
-    if isinstance(normalized_shape, numbers.Integral) and not isinstance(normalized_shape, bool):
-        normalized_shape = (normalized_shape,)
-    try:
-        shape = tuple(int(d) for d in normalized_shape)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name}: normalized_shape must be an int or a sequence of ints, got "
-                        f"{normalized_shape!r}") from None
+    # the functional op's check: a TypeError for a float or bool size
+    shape = normalization._normalized_shape(name, normalized_shape)
     if not shape or any(d < 1 for d in shape):
         raise ValueError(f"{name}: normalized_shape must be non-empty with positive sizes, "
                          f"got {shape}")
@@ -159,8 +152,8 @@ class LayerNorm(Module):
     shape when ``elementwise_affine`` (``bias=False`` drops the bias).
 
     Parameters: ``normalized_shape`` (int or tuple), ``eps`` (1e-5),
-    ``elementwise_affine``, ``bias``, ``dtype``. Raises ValueError for an
-    empty or non-positive shape.
+    ``elementwise_affine``, ``bias``, ``dtype``. Raises TypeError for a
+    non-int size, ValueError for an empty or non-positive shape.
 
     >>> ln = nbops.nn.LayerNorm(4)
     >>> with nbops.no_grad():

@@ -8,11 +8,9 @@ arrays out, tensors in give tensors (with gradients) out.
 (1, 4, 4, 4)
 """
 
-import numbers
-
 import numpy as np
 
-from .. import pooling, tensor
+from .. import _checks, pooling, tensor
 from ..softmax import log_softmax as _log_softmax, softmax as _softmax
 from .module import Module
 
@@ -116,7 +114,7 @@ class Softmax(_Functional):
     fn = staticmethod(_softmax)
 
     def __init__(self, dim):
-        _check_dim(type(self).__name__, dim)
+        _checks.int_arg(type(self).__name__, "dim", dim)
         super().__init__(axis=dim)
         self.dim = dim
 
@@ -142,9 +140,8 @@ class Flatten(Module):
 
     def __init__(self, start_dim=1, end_dim=-1):
         super().__init__()
-        _check_dim("Flatten", start_dim, "start_dim")
-        _check_dim("Flatten", end_dim, "end_dim")
-        self.start_dim, self.end_dim = int(start_dim), int(end_dim)
+        self.start_dim = _checks.int_arg("Flatten", "start_dim", start_dim)
+        self.end_dim = _checks.int_arg("Flatten", "end_dim", end_dim)
 
     def forward(self, x):
         shape = tuple(x.shape)
@@ -160,11 +157,6 @@ class Flatten(Module):
 
     def extra_repr(self):
         return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
-
-
-def _check_dim(cls, dim, name="dim"):
-    if isinstance(dim, (bool, np.bool_)) or not isinstance(dim, numbers.Integral):
-        raise TypeError(f"{cls}: argument '{name}' must be an int, got {dim!r}")
 
 
 def _axis(dim, nd, name):
