@@ -89,6 +89,43 @@ EPILOGUE_COLS = 256
 #: bench: tools/bench_gemm.py
 GEMM_TASKS_PER_THREAD = 4
 
+#: Bytes of C one BLAS-route band spans at most when an epilogue runs on it
+#: (about half an L2).
+#: bench: tools/bench_gemm.py (the nbops-blas cases)
+BLAS_BLOCK_BYTES = 512 * 1024
+
+#: Tasks per thread the implicit-GEMM convolution aims for (load balance vs.
+#: re-packing).
+#: bench: benchmarks/bench_conv.py
+CONV_TASKS_PER_THREAD = 2
+
+#: Output tiles per task of the direct convolution (one run of tiles along an
+#: image's output, for one group and one block of its output channels).
+#: bench: benchmarks/bench_conv.py
+DIRECT_TILES_PER_TASK = 8
+
+#: Tasks per thread that the direct convolution adds channel blocks for,
+#: where runs of tiles alone are too few.
+#: bench: benchmarks/bench_conv.py
+DIRECT_TASKS_PER_THREAD = 4
+
+#: Bytes of padded input planes and output per step of images (direct convolution).
+#: bench: benchmarks/bench_conv.py
+DIRECT_STEP_BYTES = 16 << 20
+
+#: Tasks per thread the attention forward aims for (load balance vs. per-task set-up).
+#: bench: benchmarks/bench_attention.py
+ATTENTION_TASKS_PER_THREAD = 4
+
+#: Rows of A per task of the int8 GEMM (the MC x k block stays in L2 while
+#: every column sliver of the task streams past it).
+#: bench: benchmarks/bench_quant.py
+QGEMM_MC = 64
+
+#: Tasks per thread the int8 GEMM driver aims for.
+#: bench: benchmarks/bench_quant.py
+QGEMM_TASKS_PER_THREAD = 4
+
 #: Most neurons per forward chunk of the spiking kernels (long unit-stride
 #: input rows while the chunk's state stays near L2).
 #: bench: tools/bench_neuromorphic.py

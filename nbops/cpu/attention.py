@@ -46,13 +46,11 @@ from numba.extending import register_jitable
 
 from .._codegen import bind, per_dtype
 from .._jit import FASTMATH_REDUCE, cpu_kernel
+from .._tunables import ATTENTION_TASKS_PER_THREAD as TASKS_PER_THREAD
 from . import linalg as _linalg
 from ._approx import exp_nonpos
 
 __all__ = ["forward", "backward", "bool_to_additive"]
-
-#: Tasks per thread the forward aims for (load balance vs per-task set-up).
-TASKS_PER_THREAD = 4
 
 
 def forward(qbuf, offq, sqr, sqc, kbuf, offk, skr, skc, vbuf, offv, svr, svc,

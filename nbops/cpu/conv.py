@@ -60,6 +60,8 @@ from numba.extending import register_jitable
 from .. import _formulas
 from .._codegen import bind, generated, per_dtype
 from .._jit import cpu_kernel
+from .._tunables import CONV_TASKS_PER_THREAD as TASKS_PER_THREAD, DIRECT_STEP_BYTES
+from .._tunables import DIRECT_TASKS_PER_THREAD, DIRECT_TILES_PER_TASK
 from . import linalg as _linalg
 from ._memory import prefetch as _prefetch
 
@@ -67,8 +69,6 @@ __all__ = ["conv2d", "im2col", "col2im", "bn_scale_shift", "fold_weights"]
 #: Entry points with no CUDA twin: none (the algorithms are CPU choices).
 CPU_ONLY = ()
 
-#: Tasks per thread the implicit GEMM aims for (load balance vs. re-packing).
-TASKS_PER_THREAD = 2
 
 #: Inner loops index with unsigned integers: Numba guards signed indices
 #: against negative values element by element, and with that guard LLVM
@@ -460,14 +460,6 @@ def _igemm_drivers(dtype):
 
 #: Register tiles (MR x NR) of the direct convolution per dtype.
 DIRECT_TILES = {np.dtype(np.float32): (8, 32), np.dtype(np.float64): (8, 16)}
-#: Output tiles per task (a task is one run of tiles along one image's
-#: output, for one group and one block of its output channels).
-DIRECT_TILES_PER_TASK = 8
-#: Tasks per thread that channel blocks are added for, where runs of tiles
-#: alone are too few.
-DIRECT_TASKS_PER_THREAD = 4
-#: Bytes of padded input planes and output per step of images.
-DIRECT_STEP_BYTES = 16 << 20
 
 
 def direct_applies(geo, dtype):

@@ -77,7 +77,8 @@ from .._codegen import bind, generated, per_dtype
 from .._formulas import EPILOGUES, epilogue_source
 from .._jit import FASTMATH_REDUCE, cpu_kernel
 from .._runtime import _blas_threads
-from .._tunables import EPILOGUE_COLS, GEMM_TASKS_PER_THREAD as TASKS_PER_THREAD
+from .._tunables import BLAS_BLOCK_BYTES, EPILOGUE_COLS
+from .._tunables import GEMM_TASKS_PER_THREAD as TASKS_PER_THREAD
 from .._tunables import PREFETCH_PRODUCT_BYTES, PREFETCH_ROWS
 from . import activations as _activations  # noqa: F401  (makes the formulas jittable)
 from ._memory import LINE
@@ -859,11 +860,6 @@ def _row_updates(abuf, a0, sam, bbuf, b0, sbk, outf, m, n, k, j0, j1, zero):
             dst = outf[i * n + j0:i * n + j1]
             for j in range(w):
                 dst[j] += a * src[j]
-
-
-#: Bytes of C one BLAS band spans at most when an epilogue runs on it (about
-#: half an L2).
-BLAS_BLOCK_BYTES = 512 * 1024
 
 
 def _matrix(buf, off, rows, cols, srow, scol):

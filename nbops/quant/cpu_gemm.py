@@ -78,6 +78,7 @@ from numba.extending import intrinsic, register_jitable
 
 from .._codegen import bind
 from .._jit import cpu_kernel
+from .._tunables import QGEMM_MC as MC, QGEMM_TASKS_PER_THREAD as TASKS_PER_THREAD
 from ..cpu._memory import lane_mask, masked_op, splat
 from . import _requant
 
@@ -89,11 +90,6 @@ CPU_ONLY = ("pack_a", "pack_b")
 MR, NR = 8, 32
 #: Epilogue modes, in code order.
 MODES = ("int32", "fixed", "float", "dequant")
-#: Rows of A per task (the A block, MC x k bytes, stays in L2 while every
-#: column sliver of the task streams past it).
-MC = 64
-#: Tasks per thread the driver aims for.
-TASKS_PER_THREAD = 4
 
 
 @functools.lru_cache(maxsize=None)
