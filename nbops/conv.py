@@ -496,43 +496,48 @@ class ConvGeometry(NamedTuple):
     co: int
 
 
-def _geometry(op, spatial, x, weight, stride, padding, dilation, groups):
-    """Validated ``(geo, out_shape)``, ``geo`` a :class:`ConvGeometry`.
-    Remembered per call pattern (shapes, and parameters with their types):
-    the checks took 15 us a call, a tenth of a depthwise convolution on a
-    144 x 56 x 56 map."""
+def _geometry(op, spatial, x, weight, stride, padding, dilation, groups, names=("x", "weight")):
+    """Validated ``(geo, out_shape)``, ``geo`` a :class:`ConvGeometry`;
+    ``x`` and ``weight`` need only ``shape`` and ``ndim`` (quant.conv2d
+    passes QTensors), ``names`` are theirs in error messages. Remembered
+    per call pattern (shapes, and parameters with their types): the checks
+    took 15 us a call, a tenth of a depthwise convolution on a 144 x 56 x 56
+    map."""
     return _GEOMETRIES.get(
         (op, spatial, tuple(x.shape), tuple(weight.shape))
         + _checks.typed_key(stride, padding, dilation, groups),
-        lambda: _check_geometry(op, spatial, x, weight, stride, padding, dilation, groups))
+        lambda: _check_geometry(op, spatial, x, weight, stride, padding, dilation, groups,
+                                names))
 
 
 _GEOMETRIES = _checks.CheckedCache()
 
 
-def _check_geometry(op, spatial, x, weight, stride, padding, dilation, groups):
+def _check_geometry(op, spatial, x, weight, stride, padding, dilation, groups,
+                    names=("x", "weight")):
+    xn, wn = names
     rank = spatial + 2
     layout = "(N, C, H, W)" if spatial == 2 else "(N, C, L)"
     wlayout = "(out_channels, in_channels/groups, kH, kW)" if spatial == 2 else \
         "(out_channels, in_channels/groups, k)"
     if x.ndim != rank:
-        raise ValueError(f"{op}: argument 'x' must be {rank}-D {layout}, got shape "
+        raise ValueError(f"{op}: argument '{xn}' must be {rank}-D {layout}, got shape "
                          f"{tuple(x.shape)}")
     if weight.ndim != rank:
-        raise ValueError(f"{op}: argument 'weight' must be {rank}-D {wlayout}, got shape "
+        raise ValueError(f"{op}: argument '{wn}' must be {rank}-D {wlayout}, got shape "
                          f"{tuple(weight.shape)}")
     groups = _checks.int_arg(op, "groups", groups, low=1)
     n, c = int(x.shape[0]), int(x.shape[1])
     co, cg = int(weight.shape[0]), int(weight.shape[1])
     if c % groups:
-        raise ValueError(f"{op}: input channels {c} of 'x' are not divisible by groups="
+        raise ValueError(f"{op}: input channels {c} of '{xn}' are not divisible by groups="
                          f"{groups}")
     if co % groups:
-        raise ValueError(f"{op}: output channels {co} of 'weight' are not divisible by "
+        raise ValueError(f"{op}: output channels {co} of '{wn}' are not divisible by "
                          f"groups={groups}")
     if cg * groups != c:
-        raise ValueError(f"{op}: 'weight' {tuple(weight.shape)} expects {cg * groups} input "
-                         f"channels ({cg} per group x groups={groups}) but 'x' has {c}")
+        raise ValueError(f"{op}: '{wn}' {tuple(weight.shape)} expects {cg * groups} input "
+                         f"channels ({cg} per group x groups={groups}) but '{xn}' has {c}")
     # 1-D: a unit stride and dilation and no padding along the unit height
     unit = (1,) * (2 - spatial)
     stride = unit + _checks.int_tuple(op, "stride", stride, spatial, low=1)
@@ -560,8 +565,8 @@ def _check_geometry(op, spatial, x, weight, stride, padding, dilation, groups):
         if hw[axis] + pad_total[axis] < eff[axis]:
             what = "kernel" if spatial == 1 else ("kernel height", "kernel width")[axis]
             raise ValueError(
-                f"{op}: {what} of 'weight' spans {eff[axis]} (size {kk[axis]}, dilation "
-                f"{dilation[axis]}) but the padded input of 'x' is only "
+                f"{op}: {what} of '{wn}' spans {eff[axis]} (size {kk[axis]}, dilation "
+                f"{dilation[axis]}) but the padded input of '{xn}' is only "
                 f"{hw[axis] + pad_total[axis]} (size {hw[axis]} + padding {pad_total[axis]})")
     ohw = tuple((hw[a] + pad_total[a] - eff[a]) // stride[a] + 1 for a in range(2))
     geo = ConvGeometry(c, hw[0], hw[1], kk[0], kk[1], stride[0], stride[1], pad_lo[0],

@@ -35,6 +35,7 @@ import numbers
 import numpy as np
 
 from .. import _checks, _dispatch, _layout
+from .. import conv as _conv
 from .._dispatch import CPU, CUDA, operator
 from . import _requant
 from .qtensor import QTYPES, QTensor
@@ -368,7 +369,9 @@ def conv2d(qx, qw, bias=None, stride=1, padding=0, dilation=1, groups=1, out_sca
     Raises
     ------
     TypeError
-        Non-QTensor input or weight, a float bias, mixed devices.
+        Non-QTensor input or weight, a float bias, mixed devices, a
+        non-int stride, padding (conv2d's strings included), dilation or
+        groups.
     ValueError
         Wrong ranks, channels that do not match ``groups``, a kernel larger
         than the padded input, bad stride/padding/dilation, a per-tensor
@@ -403,35 +406,26 @@ def conv2d(qx, qw, bias=None, stride=1, padding=0, dilation=1, groups=1, out_sca
                                    bias=bias if _is_array(bias) else None)
     if pw.device != dev:
         raise TypeError(f"{op}: the packed weight is on {pw.device} but 'qx' is on {dev}")
-    nimg, c, hgt, wid = (int(v) for v in qx.shape)
-    oc, cg, kh, kw = pw.shape
-    if c % g or oc % g or cg * g != c:
-        raise ValueError(f"{op}: 'qx' has {c} channels and 'qw' shape {pw.shape}: with "
-                         f"groups={g} the weight needs {c // g if c % g == 0 else '?'} input "
-                         f"channels per group and OC divisible by {g}")
-    st = _checks.int_tuple(op, "stride", stride, 2, low=1)
-    pad = _checks.int_tuple(op, "padding", padding, 2, low=0)
-    dil = _checks.int_tuple(op, "dilation", dilation, 2, low=1)
-    oh = (hgt + 2 * pad[0] - dil[0] * (kh - 1) - 1) // st[0] + 1
-    ow = (wid + 2 * pad[1] - dil[1] * (kw - 1) - 1) // st[1] + 1
-    if oh <= 0 or ow <= 0:
-        raise ValueError(f"{op}: the dilated kernel ({kh}, {kw}) is larger than the padded "
-                         f"input ({hgt + 2 * pad[0]}, {wid + 2 * pad[1]})")
+    if isinstance(padding, str):  # conv2d's 'same'/'valid' are not offered here
+        _checks.int_tuple(op, "padding", padding, 2)
+    geo, out_shape = _conv._geometry(op, 2, qx, pw.qweight, stride, padding, dilation, g,
+                                     names=("qx", "qw"))
+    oc, oh, ow = geo.co, geo.oh, geo.ow
     bias = _int_bias(op, bias, oc, dev)
     qwt = pw.qweight
-    k = cg * kh * kw
+    k = (geo.c // g) * geo.kh * geo.kw
     _check_acc(op, k, qwt.dtype, pw.zp, qx.dtype, np.full(1, qx.zero_point, np.int32))
     scales = np.float32(qx.scale) * _per(qwt.scale, oc, np.float32)
     if out_scale is None and out_zero_point is None:
         if out_dtype is not None:
             raise ValueError(f"{op}: 'out_dtype' needs 'out_scale' and 'out_zero_point'")
-        out = _checks.empty((nimg, oc, oh, ow), np.float32, dev, op)
+        out = _checks.empty(out_shape, np.float32, dev, op)
         epi = _epilogue("dequant", scales, None, None, 0, 0, bias, oc, oh * ow, per_row=True)
         res = out
     else:
         odt, s_out, z_out = _out_params(op, out_scale, out_zero_point, out_dtype, qx.dtype)
         _choice(op, "requant", requant, _REQUANT)
-        out = _checks.empty((nimg, oc, oh, ow), odt, dev, op)
+        out = _checks.empty(out_shape, odt, dev, op)
         epi = _epilogue(requant, scales, None, s_out, z_out, odt, bias, oc, oh * ow,
                         per_row=True)
         res = QTensor(out, s_out, z_out)
@@ -439,8 +433,8 @@ def conv2d(qx, qw, bias=None, stride=1, padding=0, dilation=1, groups=1, out_sca
     if out.size:
         xv = _contiguous(op, "qx", qx.values, dev)
         _dispatch.kernel("quant.int8_conv2d", dev)(
-            _bytes(xv), _flip(qx.dtype), qx.zero_point, pw, (st, pad, dil), (oh, ow), out,
-            epi)
+            _bytes(xv), _flip(qx.dtype), qx.zero_point, pw,
+            ((geo.sh, geo.sw), (geo.ph, geo.pw), (geo.dh, geo.dw)), (oh, ow), out, epi)
     return res
 
 
