@@ -331,8 +331,13 @@ class _Geometry:
 
 
 def _out_size(size, k, s, p, d, ceil_mode):
-    # PyTorch's pooling_output_shape
-    n = (size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
+    """Output length of a pool along one axis (PyTorch's
+    pooling_output_shape; quant.max_pool2d's too): 0 where the dilated
+    window is longer than the padded input."""
+    span = size + 2 * p - d * (k - 1) - 1
+    if span < 0:
+        return 0
+    n = (span + (s - 1 if ceil_mode else 0)) // s + 1
     if ceil_mode and (n - 1) * s >= size + p:
         n -= 1
     return n

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import nbops
 from nbops import quant as Q
+from nbops.pooling import _out_size
 from nbops.quant import observers as O
 from nbops.quant._requant import quantize_multiplier
 from helpers import host, to_dev
@@ -530,8 +531,8 @@ def test_add_errors(call, err, match):
 
 def max_pool_reference(x, k, s, p, d, ceil_mode):
     n, c, h, w = x.shape
-    oh = Q._pool_out(h, k, s, p, d, ceil_mode)
-    ow = Q._pool_out(w, k, s, p, d, ceil_mode)
+    oh = _out_size(h, k, s, p, d, ceil_mode)
+    ow = _out_size(w, k, s, p, d, ceil_mode)
     out = np.empty((n, c, oh, ow), x.dtype)
     for i in range(oh):
         for j in range(ow):
@@ -545,11 +546,13 @@ def max_pool_reference(x, k, s, p, d, ceil_mode):
 
 def test_pool_output_size_matches_pytorch_formula():
     # torch.nn.MaxPool2d's sizes, including ceil_mode's last-window rule
-    assert Q._pool_out(7, 3, 2, 1, 1, False) == 4
-    assert Q._pool_out(6, 3, 2, 0, 1, True) == 3
-    assert Q._pool_out(5, 2, 2, 0, 1, True) == 3
-    assert Q._pool_out(4, 2, 2, 1, 1, True) == 3
-    assert Q._pool_out(5, 3, 1, 1, 2, False) == 3
+    assert _out_size(7, 3, 2, 1, 1, False) == 4
+    assert _out_size(6, 3, 2, 0, 1, True) == 3
+    assert _out_size(5, 2, 2, 0, 1, True) == 3
+    assert _out_size(4, 2, 2, 1, 1, True) == 3
+    assert _out_size(5, 3, 1, 1, 2, False) == 3
+    # a window longer than the padded input: no output, ceil_mode or not
+    assert _out_size(2, 3, 2, 0, 1, True) == _out_size(2, 3, 2, 0, 1, False) == 0
 
 
 @pytest.mark.parametrize("k, s, p, d, ceil_mode", [(2, 2, 0, 1, False), (3, 2, 1, 1, False),

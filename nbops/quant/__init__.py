@@ -34,6 +34,7 @@ Kernels live in ``quant/cpu.py`` and ``quant/cuda.py`` beside this module.
 import numpy as np
 
 from .. import _checks, _dispatch
+from .. import pooling as _pooling
 from .._dispatch import CPU, CUDA, operator
 from ._requant import quantize_multiplier
 from .qtensor import QTYPES, QTensor, qrange
@@ -424,8 +425,8 @@ def max_pool2d(q, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
         raise ValueError(f"{op}: 'padding' must be at most half the kernel size "
                          f"({kh // 2}, {kw // 2}), got ({ph}, {pw})")
     n, c, h, w = q.shape
-    oh = _pool_out(h, kh, sh, ph, dh, ceil_mode)
-    ow = _pool_out(w, kw, sw, pw, dw, ceil_mode)
+    oh = _pooling._out_size(h, kh, sh, ph, dh, ceil_mode)
+    ow = _pooling._out_size(w, kw, sw, pw, dw, ceil_mode)
     if oh <= 0 or ow <= 0:
         raise ValueError(f"{op}: the window ({kh}x{kw}, dilation {dh}x{dw}) does not fit "
                          f"the padded input {h}x{w}")
@@ -613,13 +614,3 @@ def _inner(shape, axis):
 def _need_nchw(op, q):
     if q.ndim != 4:
         raise ValueError(f"{op}: argument 'q' must be 4-D (N, C, H, W), got shape {q.shape}")
-
-
-def _pool_out(size, k, s, p, d, ceil_mode):
-    span = size + 2 * p - d * (k - 1) - 1
-    if span < 0:
-        return 0
-    o = (-(-span // s) if ceil_mode else span // s) + 1
-    if ceil_mode and (o - 1) * s >= size + p:
-        o -= 1
-    return o
