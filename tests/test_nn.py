@@ -67,8 +67,12 @@ def test_module_misuse():
         nn.Module()(1)
     with pytest.raises(TypeError, match="item 1 must be a Module"):
         nn.Sequential(nn.ReLU(), 3)
-    with pytest.raises(ValueError, match="in_features must be a positive int"):
+    with pytest.raises(ValueError, match="Linear: argument 'in_features' must be >= 1"):
         nn.Linear(0, 2)
+    with pytest.raises(TypeError, match="Linear: argument 'out_features' must be an int"):
+        nn.Linear(2, 2.0)
+    with pytest.raises(TypeError, match="MultiheadAttention: argument 'kdim' must be an int"):
+        nn.MultiheadAttention(8, 2, kdim=True)
     with pytest.raises(TypeError, match="BatchNorm2d: argument 'num_features' must be an int"):
         nn.BatchNorm2d(True)
     with pytest.raises(TypeError, match="LayerNorm: argument 'normalized_shape' must be an int"):

@@ -44,7 +44,8 @@ class Linear(Module):
     Parameters: ``in_features``, ``out_features`` (positive ints), ``bias``
     (bool), ``dtype`` (float32 default, or float64), ``rng`` (a
     ``numpy.random.Generator`` or a seed). Input (..., in_features) on the
-    parameters' device. Raises ValueError/TypeError for bad sizes or dtype.
+    parameters' device. Raises TypeError for non-int sizes or a bad dtype,
+    ValueError for sizes below 1.
 
     >>> layer = nbops.nn.Linear(3, 2, rng=0)
     >>> with nbops.no_grad():
@@ -54,11 +55,10 @@ class Linear(Module):
 
     def __init__(self, in_features, out_features, bias=True, dtype=np.float32, rng=None):
         super().__init__()
-        for name, v in (("in_features", in_features), ("out_features", out_features)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"Linear: {name} must be a positive int, got {v!r}")
+        in_features = _checks.int_arg("Linear", "in_features", in_features, low=1)
+        out_features = _checks.int_arg("Linear", "out_features", out_features, low=1)
         dtype = _dtype("Linear", dtype)
-        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.in_features, self.out_features = in_features, out_features
         rng = _rng(rng)
         bound = 1.0 / math.sqrt(in_features)
         self.weight = Parameter(rng.uniform(-bound, bound, (out_features, in_features))

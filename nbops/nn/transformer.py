@@ -65,9 +65,10 @@ class MultiheadAttention(Module):
       heads, (batch, L, S), computed from an explicit score matrix (no
       gradient); otherwise ``weights`` is None.
 
-    Raises ValueError for sizes that do not fit (embed_dim not divisible by
-    num_heads, feature sizes or batch sizes that differ from the
-    parameters', masks of the wrong shape) and TypeError for mask dtypes.
+    Raises ValueError for sizes below 1 or that do not fit (embed_dim not
+    divisible by num_heads, feature sizes or batch sizes that differ from
+    the parameters', masks of the wrong shape) and TypeError for non-int
+    sizes and mask dtypes.
 
     >>> mha = nbops.nn.MultiheadAttention(16, 4, rng=0)
     >>> x = np.ones((2, 5, 16), np.float32)
@@ -81,11 +82,10 @@ class MultiheadAttention(Module):
                  vdim=None, dropout=0.0, dtype=np.float32, rng=None):
         super().__init__()
         name = "MultiheadAttention"
-        for arg, v in (("embed_dim", embed_dim), ("num_heads", num_heads),
-                       ("kdim", kdim if kdim is not None else 1),
-                       ("vdim", vdim if vdim is not None else 1)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"{name}: {arg} must be a positive int, got {v!r}")
+        embed_dim = _checks.int_arg(name, "embed_dim", embed_dim, low=1)
+        num_heads = _checks.int_arg(name, "num_heads", num_heads, low=1)
+        kdim = embed_dim if kdim is None else _checks.int_arg(name, "kdim", kdim, low=1)
+        vdim = embed_dim if vdim is None else _checks.int_arg(name, "vdim", vdim, low=1)
         if embed_dim % num_heads:
             raise ValueError(f"{name}: embed_dim ({embed_dim}) must be divisible by "
                              f"num_heads ({num_heads})")
@@ -95,11 +95,10 @@ class MultiheadAttention(Module):
                              "kernel has no dropout of attention weights; use 0.0")
         dtype = _dtype(name, dtype)
         rng = _rng(rng)
-        E = self.embed_dim = int(embed_dim)
-        self.num_heads = int(num_heads)
+        E = self.embed_dim = embed_dim
+        self.num_heads = num_heads
         self.head_dim = E // self.num_heads
-        self.kdim = int(kdim) if kdim is not None else E
-        self.vdim = int(vdim) if vdim is not None else E
+        self.kdim, self.vdim = kdim, vdim
         self.batch_first = bool(batch_first)
         self.dropout = 0.0
         self._qkv_same_embed_dim = self.kdim == E and self.vdim == E
