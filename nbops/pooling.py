@@ -201,7 +201,7 @@ def adaptive_avg_pool1d(x, output_size, out=None):
     Example
     -------
     >>> nbops.adaptive_avg_pool1d(np.array([[1., 2., 3., 4., 5.]]), 2)
-    array([[2. , 4. ]])
+    array([[2., 4.]])
     """
     return _adaptive("adaptive_avg_pool1d", 1, x, output_size, out)
 
