@@ -55,9 +55,10 @@ class Linear(Module):
 
     def __init__(self, in_features, out_features, bias=True, dtype=np.float32, rng=None):
         super().__init__()
-        in_features = _checks.int_arg("Linear", "in_features", in_features, low=1)
-        out_features = _checks.int_arg("Linear", "out_features", out_features, low=1)
-        dtype = _dtype("Linear", dtype)
+        op = type(self).__name__   # subclasses (GraphConv) name themselves
+        in_features = _checks.int_arg(op, "in_features", in_features, low=1)
+        out_features = _checks.int_arg(op, "out_features", out_features, low=1)
+        dtype = _dtype(op, dtype)
         self.in_features, self.out_features = in_features, out_features
         rng = _rng(rng)
         bound = 1.0 / math.sqrt(in_features)
