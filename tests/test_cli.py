@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 
@@ -118,3 +119,25 @@ def test_bench_plot_refuses_results_without_timings(tmp_path):
     with pytest.raises(ValueError, match="no case was timed"):
         plot_results([Result("relu", "activations", 4096, "float32", note="error")],
                      tmp_path / "x.png")
+
+
+def test_bench_plot_shows_both_limits(tmp_path, monkeypatch):
+    # a memory-bound case against copy bandwidth, a compute-bound one against
+    # the FMA peak: both get a bar on the right, each in its own colour
+    import matplotlib.axes
+    from nbops.bench.harness import Result
+    from nbops.bench.plot import plot_results
+
+    bars = []
+    real = matplotlib.axes.Axes.barh
+    monkeypatch.setattr(matplotlib.axes.Axes, "barh",
+                        lambda ax, y, w, **kw: bars.append((list(w), kw)) or real(ax, y, w, **kw))
+    results = [Result("relu", "activations", 4096, "float32", t_nbops=1e-3, t_baseline=2e-3,
+                      nbytes=8 << 20, copy_gbps=16.0),
+               Result("matmul", "linalg", 4096, "float32", t_nbops=1e-3, t_baseline=1e-3,
+                      flops=200_000_000, peak_gflops=400.0)]
+    path = plot_results(results, tmp_path / "limits.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    widths, kw = bars[-1]
+    np.testing.assert_allclose(widths, [8.388608 / 16 * 100, 50.0])
+    assert kw["color"] == ["C0", "C1"]

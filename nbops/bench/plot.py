@@ -2,8 +2,9 @@
 
 Left: the speed-up of every case and size over its baseline (log scale, the
 1x line marked: right of it nbops is faster). Right, for the cases whose
-table row states one: the fraction of a parallel copy's bandwidth reached
-(memory-bound ops; a GEMM states GFLOP/s instead and has no bar there).
+table row states one: the fraction of the machine's limit reached, a
+parallel copy's bandwidth for memory-bound ops (blue), the FMA peak the
+same run measured for compute-bound ones (orange).
 Needs matplotlib (``pip install "nbops[demo]"``).
 """
 
@@ -32,7 +33,7 @@ def plot_results(results, path):
         raise ValueError("bench --plot: no case was timed against a baseline")
     labels = [_label(r) for r in timed]
     ratios = np.array([r.ratio for r in timed])
-    fractions = [None if r.flops else r.copy_fraction for r in timed]
+    fractions = [r.peak_fraction if r.flops else r.copy_fraction for r in timed]
     height = max(3.0, 0.28 * len(timed) + 1.2)
     fig, (ax_s, ax_c) = plt.subplots(1, 2, figsize=(12, height), sharey=True)
     y = np.arange(len(timed))
@@ -43,9 +44,11 @@ def plot_results(results, path):
              title="nbops vs NumPy/SciPy")
     ax_s.invert_yaxis()
     have = [i for i, f in enumerate(fractions) if f is not None]
-    ax_c.barh([y[i] for i in have], [fractions[i] * 100 for i in have], color="C0")
+    ax_c.barh([y[i] for i in have], [fractions[i] * 100 for i in have],
+              color=["C1" if timed[i].flops else "C0" for i in have])
     ax_c.axvline(100, color="k", lw=0.8)
-    ax_c.set(xlabel="% of parallel-copy bandwidth", title="memory-bound ops: of copy")
+    ax_c.set(xlabel="% of the limit: parallel-copy bandwidth (blue) or FMA peak (orange)",
+             title="how close to the machine")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
