@@ -416,7 +416,8 @@ class PackedConv:
     """
 
     __slots__ = ("weight", "bias", "input_shape", "output_shape", "dtype", "device",
-                 "batch_norm", "_geo", "_spatial", "_args", "_w4", "_b", "_empty", "_kernel")
+                 "batch_norm", "_geo", "_kgeo", "_spatial", "_args", "_w4", "_b", "_empty",
+                 "_kernel")
 
     def __init__(self, weight, bias, input_shape, output_shape, geo, spatial, batch_norm,
                  device, args):
@@ -424,6 +425,7 @@ class PackedConv:
         self.input_shape, self.output_shape = input_shape, output_shape
         self.dtype, self.device, self.batch_norm = weight.dtype, device, batch_norm
         self._geo, self._spatial, self._args = geo, spatial, args
+        self._kgeo = tuple(geo)  # the kernels' plain tuple, made once
         self._empty = _checks.empty((0,), weight.dtype, device)
         self._w4 = _as4d(weight, spatial)
         self._b = self._empty if bias is None else bias
@@ -718,7 +720,7 @@ def _conv_packed(op, pack, x, bias, geometry, activation, out, residual):
     rc = pack._empty if residual is None else \
         _reshape(tensor.contiguous_array(residual), (-1,))
     args = (_as4d(tensor.contiguous_array(x), spatial), pack._w4, pack._empty, pack._b,
-            _as4d(out, spatial), tuple(pack._geo), _ACTS[activation], rc)
+            _as4d(out, spatial), pack._kgeo, _ACTS[activation], rc)
     if pack._kernel is None:
         pack._kernel = _kernel_for(dev, pack._geo, args, int(x.shape[0]), x.dtype)
     _launch(op, pack._kernel, args, pack._geo, out, dev)
