@@ -30,8 +30,9 @@ enclosing loop, widening each range to every outer iteration; for Numba's
 array views (row ``t`` of a 2-D array, strides known only at run time)
 the widened test fails whatever the arrays, and the loop runs scalar on
 every call (several times slower; docs/benchmarks.md). With
-``hoist_checks=False`` the wrapper sets the LLVM option to false for the kernel's compilation, under Numba's compiler lock, and back
-to LLVM's default after it (a user's own compilations are left as they
+``hoist_checks=False`` the wrapper sets the LLVM option to false for the
+kernel's compilation, under Numba's compiler lock, and back to LLVM's
+default after it (a user's own compilations are left as they
 were, unless they had changed that option themselves). Opt-in: the
 checks then run once per outer iteration, which cost the small-matrix
 GEMM kernels more than it saved, while the spiking backward (per-neuron
