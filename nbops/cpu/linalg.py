@@ -105,8 +105,8 @@ def _prefer_wide_vectors(typingctx):
     LLVM's tuning for recent Intel (and some AMD) cores prefers 256-bit
     vectors, so the SLP vectorizer built the accumulator rows from ymm
     registers: half of the FMA width of AVX-512 (docs/benchmarks.md). The
-    attribute lifts that for the
-    micro-kernel only; on hosts without AVX-512 it changes nothing."""
+    attribute lifts that for the micro-kernel only; on hosts without
+    AVX-512 it changes nothing."""
 
     def codegen(context, builder, signature, args):
         # llvmlite validates attribute names; this string attribute is valid IR
