@@ -167,6 +167,100 @@ def raw_data(A):
     return A.data
 
 
+def _structure_cases(index):
+    """Host CSRMatrices whose structure operations the CUDA kernels must
+    reproduce exactly: unsorted columns with duplicates and empty rows, a row
+    long enough for the merge passes of the row sort (runs of 16), a row
+    count and a column count above THREADS**2 of the simulator (a scan of
+    three levels), a canonical matrix, and empty ones."""
+    rng = np.random.default_rng(12)
+
+    def build(m, n, lengths, sort=False):
+        ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(index)
+        cols = rng.integers(0, max(n, 1), int(ptr[-1]))
+        if sort:  # strictly increasing columns in every row
+            cols = np.concatenate([np.sort(rng.choice(n, k, replace=False)) for k in lengths])
+        return sparse.CSRMatrix(rng.standard_normal(cols.size), cols.astype(index), ptr, (m, n))
+
+    messy = rng.integers(0, 6, 11)
+    messy[[2, 7]] = 0
+    return {"messy": build(11, 6, messy),
+            "long-row": build(4, 9, [3, 70, 0, 21]),
+            "wide": build(3, 1100, [40, 0, 25]),
+            "tall": build(1100, 3, rng.integers(0, 3, 1100) * (rng.random(1100) < 0.1)),
+            "canonical": build(7, 12, [3, 0, 5, 12, 1, 0, 2], sort=True),
+            "no-entries": build(5, 4, [0] * 5), "0x0": build(0, 0, []),
+            "0x7": build(0, 7, [])}
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("a host copy or a CPU kernel was used for a device matrix")
+
+
+def _same_csr(got, want):
+    assert got.device == "cuda" and got.shape == want.shape
+    for name in ("data", "indices", "indptr"):
+        g, w = getattr(got, name), getattr(want, name)
+        assert nbops._dispatch.is_device_array(g), name
+        g = host(g)
+        assert g.dtype == w.dtype, name
+        np.testing.assert_array_equal(g, w, err_msg=name)
+
+
+@pytest.mark.parametrize("index", INDEX)
+def test_structure_ops_stay_on_the_device(index, monkeypatch):
+    """Transpose, sort_indices, sum_duplicates, the canonical-format test,
+    row lengths and add run as CUDA kernels: with every host copy, upload and
+    CPU sparse kernel refused, their results equal the CPU's exactly."""
+    from numba import cuda
+
+    from nbops import _dispatch
+
+    for name, A in _structure_cases(index).items():
+        D = A.to_device()
+        with monkeypatch.context() as mp:
+            mp.setattr(_dispatch, "to_host", _refuse)
+            mp.setattr(_dispatch, "to_device", _refuse)
+            mp.setattr(cuda, "to_device", _refuse)
+            mp.setattr(type(D.indices), "copy_to_host", _refuse)
+            for key in [k for k in _dispatch._KERNELS if k[0].startswith("sparse.")
+                        and k[1] == "cpu"]:
+                mp.setitem(_dispatch._KERNELS, key, _refuse)
+            got = dict(T=D.T, TT=D.T.T, sorted=D.sort_indices(), summed=D.sum_duplicates(),
+                       added=sparse.add(D, D, 1.0, 0.5))
+            canonical = D.has_canonical_format
+            lengths = D.row_lengths()
+            assert _dispatch.is_device_array(lengths)
+        want = dict(T=A.T, TT=A.T.T, sorted=A.sort_indices(), summed=A.sum_duplicates(),
+                    added=sparse.add(A, A, 1.0, 0.5))
+        for op in got:
+            _same_csr(got[op], want[op])
+        assert canonical == A.has_canonical_format == (name not in ("messy", "long-row",
+                                                                      "wide", "tall"))
+        np.testing.assert_array_equal(host(lengths), np.diff(A.indptr))
+        assert host(lengths).dtype == np.int64
+        # the CPU results are scipy's
+        S = A.to_scipy()
+        np.testing.assert_array_equal(want["T"].to_dense(), S.T.toarray())
+        np.testing.assert_array_equal(want["sorted"].to_dense(), S.toarray())
+        assert want["summed"].has_canonical_format
+
+
+def test_cuda_prefix_sum_across_tiles():
+    """The device scan behind the structure kernels, for sizes that end
+    inside the first tile, just past it, and past THREADS**2 (three levels)."""
+    from nbops.cuda._launch import THREADS
+    from nbops.sparse import cuda as sparse_cuda
+
+    rng = np.random.default_rng(13)
+    for n in (1, 2, THREADS, THREADS + 1, 3 * THREADS + 1, THREADS * THREADS + 1):
+        for dtype in INDEX:
+            x = rng.integers(0, 50, n).astype(dtype)
+            got = host(sparse_cuda._inclusive_scan(to_dev(x, "cuda")))
+            assert got.dtype == dtype
+            np.testing.assert_array_equal(got, np.cumsum(x))
+
+
 def test_add_union_of_patterns(device):
     S1 = random_csr(13, 9, 0.2, seed=1)
     S2 = random_csr(13, 9, 0.2, seed=2, kind="messy")

@@ -47,7 +47,8 @@ from_dense = CSRMatrix.from_dense
 from_scipy = CSRMatrix.from_scipy
 
 for _k in ("spmv", "spmm", "sddmm", "row_softmax", "row_softmax_backward", "scale",
-           "to_dense", "gather", "scatter", "add"):
+           "to_dense", "gather", "scatter", "add", "expand_rows", "counting_sort",
+           "canonicalize", "is_canonical", "row_lengths"):
     _dispatch.register_kernel("sparse." + _k, _dispatch.CPU, f"nbops.sparse.cpu:{_k}")
     _dispatch.register_kernel("sparse." + _k, _dispatch.CUDA, f"nbops.sparse.cuda:{_k}")
 del _k

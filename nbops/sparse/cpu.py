@@ -35,7 +35,7 @@ from ..cpu._memory import prefetch_line, splat, stream_affine, streams
 
 __all__ = ["spmv", "spmm", "sddmm", "row_softmax", "row_softmax_backward", "scale",
            "to_dense", "gather", "scatter", "counting_sort", "canonicalize", "add",
-           "expand_rows"]
+           "expand_rows", "is_canonical", "row_lengths"]
 
 
 def _n_chunks(items):
@@ -717,6 +717,24 @@ def canonicalize(data, indices, indptr, merge):
     new_indices = np.empty(nnz, indices.dtype)
     _canonical_fill(data, indices, indptr, order, merge, new_ptr, new_data, new_indices, n_chunks)
     return new_data, new_indices, new_ptr
+
+
+def is_canonical(indices, indptr):
+    """True when every row's columns are strictly increasing (sorted, no
+    duplicates)."""
+    if indices.size < 2:
+        return True
+    steps = np.diff(indices.astype(np.int64)) > 0
+    row_starts = indptr[1:-1]
+    row_starts = row_starts[(row_starts > 0) & (row_starts < indices.size)]
+    steps[row_starts - 1] = True  # a new row may start anywhere
+    return bool(steps.all())
+
+
+def row_lengths(indptr, out):
+    """``out[r] = indptr[r + 1] - indptr[r]`` (out int64)."""
+    np.subtract(indptr[1:], indptr[:-1], out=out)
+    return out
 
 
 # ---------------------------------------------------------------------------

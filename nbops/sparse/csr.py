@@ -1,9 +1,11 @@
 """The CSR matrix type: validated on construction, on the CPU or a GPU.
 
-Structure operations (transpose, canonical form, conversion from COO) run
-as CPU kernels; for a matrix on the GPU they copy the index arrays to the
-host, run there and copy the result back (one round trip; a transposed
-structure is built once per pattern and cached).
+Structure operations (transpose, canonical form, the canonical-format test,
+row lengths, conversion from COO) reach their kernels through the registry
+(``"sparse.<kernel>"``) like every other operator, so a matrix on the GPU
+stays there; a transposed structure is built once per pattern and cached.
+Content validation (``check=True``) and :meth:`CSRMatrix.from_dense` of a
+device array still work on a host copy.
 """
 
 import weakref
@@ -28,6 +30,10 @@ def is_tensor(x):
 
 def _host(x):
     return np.asarray(_dispatch.to_host(x))
+
+
+def _kernel(name, device):
+    return _dispatch.kernel("sparse." + name, device)
 
 
 def _as_array(op, name, x):
@@ -112,16 +118,8 @@ def check_structure(op, indices, indptr, shape):
 
 def is_canonical(indices, indptr):
     """True when every row's columns are strictly increasing (sorted, no
-    duplicates)."""
-    ind = _host(indices)
-    ptr = _host(indptr)
-    if ind.size < 2:
-        return True
-    steps = np.diff(ind.astype(np.int64)) > 0
-    row_starts = ptr[1:-1]
-    row_starts = row_starts[(row_starts > 0) & (row_starts < ind.size)]
-    steps[row_starts - 1] = True  # a new row may start anywhere
-    return bool(steps.all())
+    duplicates), computed on the arrays' device."""
+    return _kernel("is_canonical", _dispatch.device_of_array(indices))(indices, indptr)
 
 
 class CSRMatrix:
@@ -217,8 +215,8 @@ class CSRMatrix:
 
     def row_lengths(self):
         """Stored entries per row, an int64 array on the matrix's device."""
-        lengths = np.diff(_host(self.indptr).astype(np.int64))
-        return lengths if self.device == _dispatch.CPU else _dispatch.to_device(lengths)
+        out = _checks.empty((self.shape[0],), np.int64, self.device)
+        return _kernel("row_lengths", self.device)(self.indptr, out)
 
     def __repr__(self):
         return (f"<CSRMatrix {self.shape[0]}x{self.shape[1]}, nnz={self.nnz}, "
@@ -258,8 +256,6 @@ class CSRMatrix:
         Raises TypeError for wrong dtypes or device arrays, ValueError for a
         wrong shape or an out-of-range coordinate (naming the first).
         """
-        from . import cpu
-
         op = "CSRMatrix.from_coo"
         indices = _as_array(op, "indices", indices)
         values = _as_array(op, "values", values)
@@ -291,8 +287,9 @@ class CSRMatrix:
         cols = np.ascontiguousarray(indices[1], dtype=idt)
         ptr = np.empty(shape[0] + 1, idt)
         perm = np.empty(rows.size, np.int64)
-        cpu.counting_sort(rows, shape[0], ptr, perm)
-        data, ind, ptr = cpu.canonicalize(values[perm], cols[perm], ptr, True)
+        _kernel("counting_sort", _dispatch.CPU)(rows, shape[0], ptr, perm)
+        data, ind, ptr = _kernel("canonicalize", _dispatch.CPU)(values[perm], cols[perm], ptr,
+                                                                True)
         m = cls(data, ind, ptr, shape, check=False)
         m._canonical = True
         return m
@@ -370,9 +367,10 @@ class CSRMatrix:
 
     # -- structure ---------------------------------------------------------
     def transpose(self):
-        """The CSR matrix of the transpose, columns sorted within rows when
-        this matrix's are. Built by a parallel counting sort; the structure
-        is cached, so ``A.T`` is cheap after the first call."""
+        """The CSR matrix of the transpose, on this matrix's device, columns
+        sorted within rows (duplicates kept, in their order). Built by a
+        stable counting sort (the same result on both devices); the
+        structure is cached, so ``A.T`` is cheap after the first call."""
         if self._t is None:
             tind, tptr, perm = transpose_plan(self.indices, self.indptr, self.shape)
             from .. import sparse as _ops
@@ -388,21 +386,30 @@ class CSRMatrix:
     T = property(transpose)
 
     def sort_indices(self):
-        """A copy with columns sorted (stably) within each row."""
+        """A copy with columns sorted (stably) within each row, on this
+        matrix's device; values and index dtype kept (a Tensor's values
+        are copied detached)."""
         return self._canonical_copy(False)
 
     def sum_duplicates(self):
-        """A copy in canonical form: columns sorted, duplicates summed."""
+        """A copy in canonical form (columns sorted, duplicates summed in
+        their stored order), on this matrix's device, index dtype kept.
+
+        Example
+        -------
+        >>> A = CSRMatrix(np.array([1., 2., 3.]), np.array([2, 0, 2]),
+        ...               np.array([0, 3]), (1, 3)).sum_duplicates()
+        >>> A.indices, A.data
+        (array([0, 2]), array([2., 4.]))
+        """
         return self._canonical_copy(True)
 
     def _canonical_copy(self, merge):
-        from . import cpu
-
-        m = self.to_host()
-        data, ind, ptr = cpu.canonicalize(raw(m.data), m.indices, m.indptr, merge)
+        data, ind, ptr = _kernel("canonicalize", self.device)(raw(self.data), self.indices,
+                                                              self.indptr, merge)
         out = self._like(data, ind, ptr)
         out._canonical = True if merge else None
-        return out.to_device() if self.device == _dispatch.CUDA else out
+        return out
 
     def __matmul__(self, other):
         from .. import sparse as _ops
@@ -418,24 +425,24 @@ _PLANS = {}
 
 def transpose_plan(indices, indptr, shape):
     """``(t_indices, t_indptr, perm)`` of the transpose of a pattern, on the
-    pattern's device: ``t_data = data[perm]``. Cached while both index
-    arrays are alive, so autograd's repeated ``A^T @ G`` builds it once."""
+    pattern's device: ``t_data = data[perm]`` (``perm`` int64, the index
+    arrays of the pattern's dtype). Built by the registered kernels (row of
+    each nonzero, stable counting sort of the columns, gather), so equal on
+    both devices. Cached while both index arrays are alive, so autograd's
+    repeated ``A^T @ G`` builds it once."""
     key = (id(indices), id(indptr), shape)
     hit = _PLANS.get(key)
     if hit is not None and hit[0]() is indices and hit[1]() is indptr:
         return hit[2]
-    from . import cpu
-
-    ind = _host(indices)
-    ptr = _host(indptr)
-    rows = np.empty(ind.size, ind.dtype)
-    cpu.expand_rows(ptr, rows)
-    tptr = np.empty(shape[1] + 1, ind.dtype)
-    perm = np.empty(ind.size, np.int64)
-    cpu.counting_sort(ind, shape[1], tptr, perm)
-    plan = (rows[perm], tptr, perm)
-    if _dispatch.is_device_array(indices):
-        plan = tuple(_dispatch.to_device(a) for a in plan)
+    dev = _dispatch.device_of_array(indices)
+    nnz = indices.shape[0]
+    rows = _checks.empty((nnz,), indices.dtype, dev)
+    _kernel("expand_rows", dev)(indptr, rows)
+    tptr = _checks.empty((shape[1] + 1,), indices.dtype, dev)
+    perm = _checks.empty((nnz,), np.int64, dev)
+    _kernel("counting_sort", dev)(indices, shape[1], tptr, perm)
+    plan = (_kernel("gather", dev)(rows, perm, _checks.empty((nnz,), indices.dtype, dev)),
+            tptr, perm)
     try:
         refs = (weakref.ref(indices, lambda _: _PLANS.pop(key, None)),
                 weakref.ref(indptr, lambda _: _PLANS.pop(key, None)))

@@ -8,8 +8,14 @@
   consecutive columns, so every read of B and write of C is coalesced; the
   row's values and column indices are broadcast reads.
 * SDDMM: a group per nonzero, lanes over the feature dimension.
-* Structure (transpose, canonical form, COO) is built on the host by the
-  public module; only ``add`` has device kernels here.
+* Structure stays on the device: a prefix sum over tiles of a block
+  (shared memory, then the tile totals scanned the same way), a stable
+  counting sort (atomic counts per key, scan, atomic scatter, then each
+  key's items sorted by source position, so the order is deterministic and
+  equal to the CPU's), the row of each nonzero, and the canonical form
+  (one thread per row: a stable merge sort of the row's columns, then the
+  merged copy). Launchers that size their output read back one scalar
+  (the new nnz); nothing else comes to the host.
 
 Group loops run the same trip count in every thread of a block (rows past
 the end compute nothing), so the ``syncthreads`` inside the reductions are
@@ -20,13 +26,14 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, from_dtype
+from numba import cuda, from_dtype, int64
 
 from .._scalars import merge_rows
 from ..cuda._launch import THREADS, grid_1d
 
 __all__ = ["spmv", "spmm", "sddmm", "row_softmax", "row_softmax_backward", "scale",
-           "to_dense", "gather", "scatter", "add", "group_size"]
+           "to_dense", "gather", "scatter", "add", "expand_rows", "counting_sort",
+           "canonicalize", "is_canonical", "row_lengths", "group_size"]
 
 
 def group_size(avg):
@@ -287,21 +294,272 @@ def _add_rows(a_data, a_ind, a_ptr, b_data, b_ind, b_ptr, alpha, beta, ptr, data
 
 
 def add(a_data, a_ind, a_ptr, b_data, b_ind, b_ptr, alpha, beta):
-    """Counts each row's merged length on the device, scans the counts on
-    the host, then merges."""
+    """Counts each row's merged length, scans the counts (both on the
+    device), reads back the total, then merges."""
     nrows = a_ptr.size - 1
     dt = a_data.dtype.type
-    ptr = cuda.to_device(np.zeros(nrows + 1, a_ptr.dtype))
+    ptr = _zeros(nrows + 1, a_ptr.dtype)
     launch = grid_1d(max(nrows, 1))
     if nrows:
         _add_rows[launch](a_data, a_ind, a_ptr, b_data, b_ind, b_ptr, dt(alpha), dt(beta),
                           ptr, a_data[:1], a_ind[:1], False)
-    host_ptr = np.cumsum(ptr.copy_to_host()).astype(a_ptr.dtype)
-    nnz = int(host_ptr[-1])
+    _inclusive_scan(ptr)
+    nnz = int(ptr[nrows])
     data = cuda.device_array(nnz, a_data.dtype)
     ind = cuda.device_array(nnz, a_ind.dtype)
-    ptr = cuda.to_device(host_ptr)
     if nnz:
         _add_rows[launch](a_data, a_ind, a_ptr, b_data, b_ind, b_ptr, dt(alpha), dt(beta),
                           ptr, data, ind, True)
     return data, ind, ptr
+
+
+# ---------------------------------------------------------------------------
+# Structure: prefix sums, stable counting sort (transpose), canonical form
+
+
+@cuda.jit
+def _fill(x, v):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        x[i] = v
+
+
+def _zeros(n, dtype):
+    x = cuda.device_array(n, dtype)
+    if n:
+        _fill[grid_1d(n)](x, 0)
+    return x
+
+
+@cuda.jit
+def _scan_tiles(x, sums):
+    # inclusive scan of each THREADS-long tile of x (Hillis-Steele in shared
+    # memory, int64 whatever x's dtype); tile totals go to sums. The tile
+    # loop does not depend on the thread, so every syncthreads is reached.
+    sm = cuda.shared.array(THREADS, int64)
+    tid = cuda.threadIdx.x
+    for tile in range(cuda.blockIdx.x, sums.size, cuda.gridDim.x):
+        i = tile * THREADS + tid
+        sm[tid] = x[i] if i < x.size else 0
+        cuda.syncthreads()
+        off = 1
+        while off < THREADS:
+            v = sm[tid - off] if tid >= off else 0
+            cuda.syncthreads()
+            sm[tid] += v
+            cuda.syncthreads()
+            off *= 2
+        if i < x.size:
+            x[i] = sm[tid]
+        if tid == THREADS - 1:
+            sums[tile] = sm[tid]
+        cuda.syncthreads()
+
+
+@cuda.jit
+def _add_tile_offsets(x, sums):
+    for i in range(cuda.grid(1) + THREADS, x.size, cuda.gridsize(1)):
+        x[i] += sums[i // THREADS - 1]
+
+
+def _inclusive_scan(x):
+    """In-place inclusive prefix sum of a 1-D integer device array: tiles of
+    one block each, then their totals scanned recursively and added back."""
+    n = x.size
+    if n < 2:
+        return x
+    sums = cuda.device_array((n + THREADS - 1) // THREADS, np.int64)
+    _scan_tiles[grid_1d(n)](x, sums)
+    if sums.size > 1:
+        _inclusive_scan(sums)
+        _add_tile_offsets[grid_1d(n)](x, sums)
+    return x
+
+
+@cuda.jit
+def _expand_rows(indptr, rows):
+    # one thread per nonzero (a binary search each) balances long rows
+    for k in range(cuda.grid(1), rows.size, cuda.gridsize(1)):
+        rows[k] = _row_of(indptr, k)
+
+
+def expand_rows(indptr, rows):
+    """The row of each nonzero (the COO row array), into ``rows``."""
+    if rows.size:
+        _expand_rows[grid_1d(rows.size)](indptr, rows)
+    return rows
+
+
+#: Runs sorted by insertion before the merge passes of :func:`_argsort`.
+_RUN = 16
+
+
+@cuda.jit(device=True)
+def _argsort(keys, a, b, order, scratch):
+    # order[a:b] = the positions a..b-1 sorted stably by keys: insertion sort
+    # of short runs, then bottom-up merges through scratch[a:b] (the same
+    # algorithm as the CPU kernel's, so equal keys keep their order)
+    for i in range(a, b):
+        order[i] = i
+    for r0 in range(a, b, _RUN):
+        r1 = min(b, r0 + _RUN)
+        for i in range(r0 + 1, r1):
+            p = order[i]
+            j = i
+            while j > r0 and keys[order[j - 1]] > keys[p]:
+                order[j] = order[j - 1]
+                j -= 1
+            order[j] = p
+    width = _RUN
+    while width < b - a:
+        for l0 in range(a, b, 2 * width):
+            mid = min(b, l0 + width)
+            hi = min(b, l0 + 2 * width)
+            if mid < hi and keys[order[mid - 1]] > keys[order[mid]]:
+                for i in range(l0, mid):
+                    scratch[i] = order[i]
+                i = l0
+                j = mid
+                k = l0
+                while i < mid and j < hi:
+                    if keys[order[j]] < keys[scratch[i]]:
+                        order[k] = order[j]
+                        j += 1
+                    else:
+                        order[k] = scratch[i]
+                        i += 1
+                    k += 1
+                while i < mid:
+                    order[k] = scratch[i]
+                    i += 1
+                    k += 1
+        width *= 2
+
+
+@cuda.jit
+def _count_keys(keys, ptr):
+    for k in range(cuda.grid(1), keys.size, cuda.gridsize(1)):
+        cuda.atomic.add(ptr, keys[k] + 1, 1)
+
+
+@cuda.jit
+def _scatter_keys(keys, ptr, taken, slot):
+    # each item takes a free place of its key (in no fixed order)
+    for k in range(cuda.grid(1), keys.size, cuda.gridsize(1)):
+        key = keys[k]
+        slot[ptr[key] + cuda.atomic.add(taken, key, 1)] = k
+
+
+@cuda.jit
+def _sort_slots(slot, ptr, order, scratch, perm):
+    # one thread per key: its items by source position, as a stable sort has them
+    for c in range(cuda.grid(1), ptr.size - 1, cuda.gridsize(1)):
+        a = ptr[c]
+        b = ptr[c + 1]
+        _argsort(slot, a, b, order, scratch)
+        for i in range(a, b):
+            perm[i] = slot[order[i]]
+
+
+def counting_sort(keys, n_keys, ptr, perm):
+    """Stable sort of ``keys`` (values in ``[0, n_keys)``): fills ``ptr``
+    (``n_keys + 1``, the CSR pointer of the keys) and ``perm`` (source
+    position of each sorted item), equal to the CPU kernel's. Temporaries:
+    three int64 arrays of ``keys.size``."""
+    n = keys.size
+    _fill[grid_1d(ptr.size)](ptr, 0)
+    if n:
+        _count_keys[grid_1d(n)](keys, ptr)
+    _inclusive_scan(ptr)
+    if n:
+        slot = cuda.device_array(n, np.int64)
+        order = cuda.device_array(n, np.int64)
+        scratch = cuda.device_array(n, np.int64)
+        _scatter_keys[grid_1d(n)](keys, ptr, _zeros(n_keys, ptr.dtype), slot)
+        _sort_slots[grid_1d(n_keys)](slot, ptr, order, scratch, perm)
+    return ptr, perm
+
+
+@cuda.jit
+def _canonical_order(indices, indptr, order, scratch, counts, merge):
+    for r in range(cuda.grid(1), indptr.size - 1, cuda.gridsize(1)):
+        a = indptr[r]
+        b = indptr[r + 1]
+        _argsort(indices, a, b, order, scratch)
+        c = 0
+        for i in range(a, b):
+            if not merge or i == a or indices[order[i]] != indices[order[i - 1]]:
+                c += 1
+        counts[r + 1] = c
+        if r == 0:
+            counts[0] = 0
+
+
+@cuda.jit
+def _canonical_fill(data, indices, indptr, order, merge, new_ptr, new_data, new_indices):
+    # one thread per row, in sorted order: duplicates add up as on the CPU
+    for r in range(cuda.grid(1), indptr.size - 1, cuda.gridsize(1)):
+        p = new_ptr[r] - 1
+        for i in range(indptr[r], indptr[r + 1]):
+            src = order[i]
+            col = indices[src]
+            if merge and p >= new_ptr[r] and new_indices[p] == col:
+                new_data[p] += data[src]
+            else:
+                p += 1
+                new_data[p] = data[src]
+                new_indices[p] = col
+
+
+def canonicalize(data, indices, indptr, merge):
+    """Columns sorted within each row (stable); with ``merge`` duplicates
+    summed (in sorted order, as on the CPU). Returns new device arrays
+    ``(data, indices, indptr)``; with ``merge`` the new nnz is read back to
+    size them."""
+    nrows = indptr.size - 1
+    nnz = indices.size
+    ptr = cuda.device_array(nrows + 1, indptr.dtype)
+    order = cuda.device_array(max(nnz, 1), np.int64)
+    scratch = cuda.device_array(max(nnz, 1), np.int64)
+    if nrows:
+        _canonical_order[grid_1d(nrows)](indices, indptr, order, scratch, ptr, merge)
+    else:
+        _fill[grid_1d(1)](ptr, 0)
+    _inclusive_scan(ptr)
+    new_nnz = int(ptr[nrows]) if merge else nnz
+    new_data = cuda.device_array(new_nnz, data.dtype)
+    new_indices = cuda.device_array(new_nnz, indices.dtype)
+    if new_nnz:
+        _canonical_fill[grid_1d(nrows)](data, indices, indptr, order, merge, ptr, new_data,
+                                        new_indices)
+    return new_data, new_indices, ptr
+
+
+@cuda.jit
+def _find_unsorted(indices, indptr, flag):
+    # flag[0] = 1 when some nonzero does not follow a smaller column of its row
+    for k in range(cuda.grid(1) + 1, indices.size, cuda.gridsize(1)):
+        if indices[k] <= indices[k - 1] and indptr[_row_of(indptr, k)] != k:
+            flag[0] = 1
+
+
+def is_canonical(indices, indptr):
+    """True when every row's columns are strictly increasing (one flag read
+    back)."""
+    if indices.size < 2:
+        return True
+    flag = _zeros(1, np.int32)
+    _find_unsorted[grid_1d(indices.size)](indices, indptr, flag)
+    return not flag[0]
+
+
+@cuda.jit
+def _row_lengths(indptr, out):
+    for r in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[r] = indptr[r + 1] - indptr[r]
+
+
+def row_lengths(indptr, out):
+    """``out[r] = indptr[r + 1] - indptr[r]`` (out int64)."""
+    if out.size:
+        _row_lengths[grid_1d(out.size)](indptr, out)
+    return out
