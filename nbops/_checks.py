@@ -236,6 +236,19 @@ def scalar(op, name, value, *, low=None, high=None, low_open=False, finite=True)
     return v
 
 
+def bounds(op, low_name, low, high_name, high):
+    """Check a pair of real bounds ``low <= high`` (either may be +-inf, not
+    NaN) and return them as Python floats."""
+    lo = scalar(op, low_name, low, finite=False)
+    hi = scalar(op, high_name, high, finite=False)
+    for name, v in ((low_name, lo), (high_name, hi)):
+        if math.isnan(v):
+            raise ValueError(f"{op}: argument '{name}' must not be NaN")
+    if lo > hi:
+        raise ValueError(f"{op}: argument '{low_name}' ({lo}) must be <= '{high_name}' ({hi})")
+    return lo, hi
+
+
 def choice(op, name, value, options):
     """Check that ``value`` is one of ``options``."""
     if value not in options:

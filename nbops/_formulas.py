@@ -156,6 +156,12 @@ def hardswish(x, p, c):
     return c.zero if x <= -c.three else inner
 
 
+def hardtanh(x, p, c):
+    # p = (min_val, max_val); two selects, so a NaN x falls through both
+    lo = x if not x < p[0] else p[0]
+    return lo if not lo > p[1] else p[1]
+
+
 # --- backward: df(grad, saved, p, c) -----------------------------------------
 
 def relu_backward(g, x, p, c):
@@ -221,9 +227,18 @@ def hardswish_backward(g, x, p, c):
     return c.zero if x < -c.three else inner
 
 
+def hardtanh_backward(g, x, p, c):
+    # g strictly inside (min_val, max_val), else +0.0 whatever g is (inf, NaN
+    # too); the zero side reads g as relu_backward's does, for the same reason
+    z = abs(g) * c.zero
+    zero = z if z == z else c.zero
+    inner = g if x < p[1] else zero
+    return inner if x > p[0] else zero
+
+
 #: forward name -> backward name; the kernel modules build one kernel of each.
 FORWARD = ("relu", "leaky_relu", "sigmoid", "tanh", "gelu", "gelu_tanh", "silu",
-           "swish", "softplus", "elu", "hardswish")
+           "swish", "softplus", "elu", "hardswish", "hardtanh")
 BACKWARD = tuple(f + "_backward" for f in FORWARD)
 
 

@@ -92,6 +92,7 @@ def cpu_kernel(fn=None, *, parallel=False, fastmath=FASTMATH, slp=True, hoist_ch
 
 #: Sources that kernels in other files compile into themselves.
 SHARED_SOURCES = ("_jit.py", "_codegen.py", "_tunables.py", "_formulas.py", "_scalars.py",
+                  "cpu/_regtile.py",
                   "cpu/_approx.py", "cpu/_memory.py", "cpu/_piecewise.py", "neuromorphic/lif.py",
                   "cpu/linalg.py")
 _digest = None

@@ -27,9 +27,9 @@ from ._dispatch import operator
 
 __all__ = [
     "relu", "leaky_relu", "sigmoid", "tanh", "gelu", "silu", "swish", "softplus", "elu",
-    "hardswish", "relu_backward", "leaky_relu_backward", "sigmoid_backward",
+    "hardswish", "hardtanh", "relu_backward", "leaky_relu_backward", "sigmoid_backward",
     "tanh_backward", "gelu_backward", "silu_backward", "swish_backward",
-    "softplus_backward", "elu_backward", "hardswish_backward",
+    "softplus_backward", "elu_backward", "hardswish_backward", "hardtanh_backward",
 ]
 
 for _k in _formulas.FORWARD + _formulas.BACKWARD + ("swish_backward_both",):
@@ -255,6 +255,18 @@ def hardswish(x, out=None):
     return _run_unary("hardswish", "hardswish", x, out)
 
 
+@operator("hardtanh")
+@_doc("Hard tanh, ``x`` clipped to ``[min_val, max_val]`` (PyTorch's name and defaults; "
+      "ONNX's Clip, ``relu6`` with (0, 6)); NaN stays NaN.",
+      ">>> nbops.hardtanh(np.array([-2.0, 0.5, 9.0]), 0.0, 6.0)\n    array([0. , 0.5, 6. ])",
+      "    min_val, max_val : float, default -1.0 and 1.0\n"
+      "        ``min_val <= max_val``; either may be infinite (no bound on that side),\n"
+      "        neither NaN.\n")
+def hardtanh(x, min_val=-1.0, max_val=1.0, out=None):
+    lo, hi = _checks.bounds("hardtanh", "min_val", min_val, "max_val", max_val)
+    return _run_unary("hardtanh", "hardtanh", x, out, lo, hi)
+
+
 def _gelu_kernel(op, approximate):
     _checks.choice(op, "approximate", approximate, ("none", "tanh"))
     base = "gelu" if approximate == "none" else "gelu_tanh"
@@ -352,6 +364,30 @@ def hardswish_backward(grad_output, x, out=None):
     return _run_backward("hardswish_backward", "hardswish_backward", grad_output, x, "x", out)
 
 
+@operator("hardtanh_backward")
+def hardtanh_backward(grad_output, x, min_val=-1.0, max_val=1.0, out=None):
+    """Gradient of :func:`hardtanh` with respect to its input:
+    ``grad_output`` where ``min_val < x < max_val``, else +0.0 (whatever
+    ``grad_output`` holds there, inf and NaN included, as PyTorch's
+    ``hardtanh_backward``; a NaN ``x`` gives 0, as :func:`relu_backward`).
+
+    ``grad_output`` and ``x`` are float32/float64 arrays of one shape, dtype
+    and device. ``x`` may also be the forward's output ``y``: ``min_val < y <
+    max_val`` exactly where ``min_val < x < max_val``. Returns a new array
+    (or ``out=``, which may be ``grad_output`` or ``x``). Bounds as the
+    forward call's. Raises TypeError/ValueError as :func:`hardtanh` does, and
+    ValueError when the shapes of ``grad_output`` and ``x`` differ.
+
+    Example
+    -------
+    >>> nbops.hardtanh_backward(np.ones(3), np.array([-2.0, 0.5, 1.0]))
+    array([0., 1., 0.])
+    """
+    lo, hi = _checks.bounds("hardtanh_backward", "min_val", min_val, "max_val", max_val)
+    return _run_backward("hardtanh_backward", "hardtanh_backward", grad_output, x, "x", out,
+                         lo, hi)
+
+
 # The forward ops' backward rules name their backward ops, defined above.
 swish.backward = _swish_rule
 for _fwd, _saved, _params in (
@@ -359,6 +395,6 @@ for _fwd, _saved, _params in (
         ("sigmoid", "output", ()),
         ("tanh", "output", ()), ("gelu", "input", ("approximate",)), ("silu", "input", ()),
         ("softplus", "input", ("beta", "threshold")), ("elu", "input", ("alpha",)),
-        ("hardswish", "input", ())):
+        ("hardswish", "input", ()), ("hardtanh", "input", ("min_val", "max_val"))):
     globals()[_fwd].backward = _grad_of(globals()[_fwd + "_backward"], _saved, _params)
 del _fwd, _saved, _params

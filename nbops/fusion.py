@@ -79,7 +79,7 @@ _ACTIVATIONS = {
     "sigmoid": ("sigmoid", ()), "tanh": ("tanh", ()), "gelu": ("gelu", ()),
     "silu": ("silu", ()), "swish": ("swish", ("beta",)),
     "softplus": ("softplus", ("beta", "threshold")), "elu": ("elu", ("alpha",)),
-    "hardswish": ("hardswish", ()),
+    "hardswish": ("hardswish", ()), "hardtanh": ("hardtanh", ("min_val", "max_val")),
 }
 _ACTIVATIONS.update({k + "_backward": (f + "_backward", p) for k, (f, p) in
                      _ACTIVATIONS.items() if k != "swish"})
@@ -257,7 +257,10 @@ class Symbol:
             if isinstance(v, Symbol):
                 raise TypeError(f"{t.name}: unsupported construct: array-valued parameter "
                                 f"'{p}' of nbops.{op.name}; parameters must be numbers")
-            params.append(_checks.scalar(op.name, p, v))
+            params.append(v if op.name.startswith("hardtanh") else _checks.scalar(op.name, p, v))
+        if op.name.startswith("hardtanh"):  # bounds may be infinite, in order
+            params = list(_checks.bounds(op.name, *(x for pair in zip(names, params)
+                                                    for x in pair)))
         if op.name.startswith("softplus"):
             _checks.scalar(op.name, "beta", params[0], low=0.0, low_open=True)
         operands = [t.lift(v, f"nbops.{op.name}()") for v in values.values()]

@@ -35,7 +35,8 @@ _dispatch.register_kernel("gemm", CUDA, "nbops.cuda.linalg:gemm")
 #: (``nbops.cpu.linalg.EPILOGUES`` without "none"), with the default
 #: parameters used when the activation is given by name alone.
 ACTIVATIONS = {name: () for name in _formulas.FORWARD}
-ACTIVATIONS.update(leaky_relu=(0.01,), swish=(1.0,), softplus=(1.0, 20.0), elu=(1.0,))
+ACTIVATIONS.update(leaky_relu=(0.01,), swish=(1.0,), softplus=(1.0, 20.0), elu=(1.0,),
+                   hardtanh=(-1.0, 1.0))
 _ACT_CODES = {name: i + 1 for i, name in enumerate(_formulas.FORWARD)}
 
 IMPLS = ("auto", "nbops", "blas")
@@ -213,7 +214,10 @@ def _epilogue(op, activation, dtype):
     if len(params) != len(defaults):
         raise ValueError(f"{op}: activation {name!r} takes {len(defaults)} parameter(s), "
                          f"got {len(params)}")
-    values = [_checks.scalar(op, f"activation[{i + 1}]", v) for i, v in enumerate(params)]
+    if name == "hardtanh":  # bounds may be infinite (ONNX's Clip with one of them)
+        values = _checks.bounds(op, "activation[1]", params[0], "activation[2]", params[1])
+    else:
+        values = [_checks.scalar(op, f"activation[{i + 1}]", v) for i, v in enumerate(params)]
     if name == "softplus" and values[0] <= 0:
         raise ValueError(f"{op}: softplus beta must be > 0, got {values[0]}")
     if name in ("leaky_relu", "elu") and values[0] < 0:
@@ -389,8 +393,9 @@ def linear(x, weight, bias=None, activation=None, out=None, impl="auto"):
         An activation applied by the GEMM's epilogue on each output tile
         while it is in cache: one of ``ACTIVATIONS`` ("relu",
         "leaky_relu", "sigmoid", "tanh", "gelu", "gelu_tanh", "silu",
-        "swish", "softplus", "elu", "hardswish"), with PyTorch's default
-        parameters, or ``(name, *params)`` such as ``("leaky_relu", 0.2)``.
+        "swish", "softplus", "elu", "hardswish", "hardtanh"), with PyTorch's
+        default parameters, or ``(name, *params)`` such as
+        ``("leaky_relu", 0.2)`` or ``("hardtanh", 0.0, 6.0)`` (relu6).
     out : array (..., out_features), optional
         C-contiguous, the result's dtype and device, no overlap with inputs.
     impl : {"auto", "nbops", "blas"}
@@ -510,7 +515,7 @@ def _act_grad(activation, grad, x, weight, bias, y):
     name = activation if isinstance(activation, str) else activation[0]
     params = tuple(activation[1:]) if isinstance(activation, tuple) else ()
     params = params or ACTIVATIONS[name]
-    if name in ("relu", "leaky_relu", "sigmoid", "tanh"):
+    if name in ("relu", "leaky_relu", "sigmoid", "tanh", "hardtanh"):
         # these derivatives are functions of the output (y > 0 iff z > 0)
         return getattr(acts, name + "_backward")(grad, y, *params)
     z = linear(x, weight, bias)  # recomputed: the fused forward never stored it

@@ -209,6 +209,15 @@ def _alpha(d):
     return d.real(0.0, 2.0, bad=(-1.0, np.inf))
 
 
+def _min_val(d):
+    # valid draws stay <= every valid max_val; 7.0 is above all of them
+    return d.real(-3.0, 0.0, bad=(np.nan, 7.0, "-1", True))
+
+
+def _max_val(d):
+    return d.real(0.0, 6.0, bad=(np.nan, -4.0, None))
+
+
 def _approx(d):
     return d.param(["none", "tanh"], ["erf", None, 1])
 
@@ -219,6 +228,7 @@ ACTIVATIONS = [
     ("swish", (("beta", _swish_beta),)),
     ("softplus", (("beta", _beta), ("threshold", _threshold))),
     ("elu", (("alpha", _alpha),)), ("hardswish", ()),
+    ("hardtanh", (("min_val", _min_val), ("max_val", _max_val))),
 ]
 
 
@@ -229,6 +239,7 @@ BACKWARD_REFS = {
     "relu_backward": lambda g, x: np.where(_f64(x) > 0, _f64(g), 0.0),
     "hardswish_backward": lambda g, x: np.where(_f64(x) < -3, 0.0, ref.hardswish_backward(
         g, x)),
+    "hardtanh_backward": ref.hardtanh_backward,  # selects already
 }
 
 

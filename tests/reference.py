@@ -74,6 +74,11 @@ def hardswish(x):
         return np.where(x <= -3, 0.0, np.where(x >= 3, x, x * (x + 3) / 6))
 
 
+def hardtanh(x, min_val=-1.0, max_val=1.0):
+    # NaN stays NaN (np.clip keeps it)
+    return np.clip(_f64(x), min_val, max_val)
+
+
 # --- derivatives (times the upstream gradient g) -----------------------------
 
 def relu_backward(g, x):
@@ -142,3 +147,9 @@ def elu_backward(g, x, alpha=1.0):
 def hardswish_backward(g, x):
     x = _f64(x)
     return _f64(g) * np.where(x < -3, 0.0, np.where(x <= 3, x / 3 + 0.5, 1.0))
+
+
+def hardtanh_backward(g, x, min_val=-1.0, max_val=1.0):
+    # selects: g strictly inside the bounds, 0 elsewhere (a NaN or inf g too)
+    x = _f64(x)
+    return np.where((x > min_val) & (x < max_val), _f64(g), 0.0)

@@ -21,6 +21,7 @@ class Act:
     saved: str = "x"                              # what the backward takes: input or output
     bad_params: list = field(default_factory=list)  # (kwargs, exception)
     range: float = 8.0                            # typical input magnitude
+    kinks: tuple = ()                             # where finite differences must not look
 
     @property
     def id(self):
@@ -57,6 +58,12 @@ ACTS = [
     Act("softplus"),
     Act("elu", {"alpha": 0.7}, bad_params=[({"alpha": -1.0}, ValueError)]),
     Act("hardswish"),
+    Act("hardtanh", kinks=(-1.0, 1.0),
+        bad_params=[({"min_val": 2.0}, ValueError), ({"max_val": float("nan")}, ValueError),
+                    ({"min_val": "a"}, TypeError), ({"max_val": None}, TypeError)]),
+    Act("hardtanh", {"min_val": 0.0, "max_val": 6.0}, kinks=(0.0, 6.0),
+        bad_params=[({"max_val": -1.0}, ValueError)]),
+    Act("hardtanh", {"min_val": -np.inf, "max_val": 0.5}, kinks=(0.5,)),
 ]
 IDS = [a.id for a in ACTS]
 
@@ -193,12 +200,47 @@ def test_relu_backward_edges(dtype, device):
             break
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_hardtanh_edges(dtype, device):
+    # forward: NaN stays NaN, infinities clip, the bounds themselves are kept;
+    # backward: g strictly inside the bounds, else +0.0 whatever g is (NaN x too)
+    x = np.array([np.nan, -np.inf, np.inf, -1.0, 1.0, -0.5, 0.5, -2.0, 2.0, 0.0], dtype)
+    g = np.array([1.0, 2.0, 3.0, 4.0, 5.0, np.nan, -np.inf, np.nan, np.inf, -0.0], dtype)
+    np.testing.assert_array_equal(host(nbops.hardtanh(to_dev(x, device))),
+                                  np.array([np.nan, -1, 1, -1, 1, -0.5, 0.5, -1, 1, 0], dtype))
+    want = np.array([0, 0, 0, 0, 0, np.nan, -np.inf, 0, 0, -0.0], dtype)
+    got = host(nbops.hardtanh_backward(to_dev(g, device), to_dev(x, device)))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    # the output in place of the input gives the same gradient (linear's fused backward)
+    y = nbops.hardtanh(to_dev(x, device))
+    np.testing.assert_array_equal(host(nbops.hardtanh_backward(to_dev(g, device), y)), want)
+    # equal bounds: a constant, and a zero gradient everywhere
+    np.testing.assert_array_equal(host(nbops.hardtanh(to_dev(x[1:], device), 0.5, 0.5)),
+                                  np.full(x.size - 1, 0.5, dtype))
+    assert not np.any(host(nbops.hardtanh_backward(to_dev(g[1:], device),
+                                                   to_dev(x[1:], device), 0.5, 0.5)))
+
+
+def test_hardtanh_bound_errors_name_the_op():
+    x = np.ones(3)
+    with pytest.raises(ValueError, match=r"hardtanh: argument 'min_val' \(2.0\) must be <= "
+                                         r"'max_val' \(1.0\)"):
+        nbops.hardtanh(x, 2.0, 1.0)
+    with pytest.raises(ValueError, match="hardtanh_backward: argument 'min_val' must not be NaN"):
+        nbops.hardtanh_backward(x, x, float("nan"), 1.0)
+    with pytest.raises(TypeError, match="hardtanh: argument 'max_val' must be a real number"):
+        nbops.hardtanh(x, 0.0, "6")
+
+
 @pytest.mark.parametrize("act", ACTS, ids=IDS)
 def test_backward_finite_differences(act):
     """The backward is the derivative of the forward (central differences, float64)."""
     x = _input((50,), np.float64, act)
     x = x[np.abs(np.abs(x) - 3) > 1e-3]  # hardswish's kinks
     x = x[np.abs(x) > 1e-3]              # relu's kink
+    for k in act.kinks:
+        x = x[np.abs(x - k) > 1e-3]
     g = np.ones_like(x)
     eps = 1e-6
     numeric = (act.forward(x + eps) - act.forward(x - eps)) / (2 * eps)
@@ -297,9 +339,9 @@ def test_only_arithmetic_formulas_stream():
     from nbops.cpu import activations as cpu
 
     streaming = [n for n in _formulas.FORWARD + _formulas.BACKWARD if _streams(n)]
-    assert streaming == ["relu", "leaky_relu", "hardswish", "relu_backward",
+    assert streaming == ["relu", "leaky_relu", "hardswish", "hardtanh", "relu_backward",
                          "leaky_relu_backward", "sigmoid_backward", "tanh_backward",
-                         "hardswish_backward"]
+                         "hardswish_backward", "hardtanh_backward"]
     assert cpu.gelu.kernels.streamed is None and cpu.relu.kernels.in_place is not None
     assert cpu._unary_kernels("gelu", _formulas.gelu).streamed is None
     assert cpu._binary_kernels("silu_backward", _formulas.silu_backward).streamed is None

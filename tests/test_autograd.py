@@ -53,6 +53,11 @@ OPS = [
     ("softplus", ACT(nbops.softplus, beta=2.0), [lambda: rng.standard_normal(S)]),
     ("elu", ACT(nbops.elu, alpha=0.7), [lambda: away_from_zero(S)]),
     ("hardswish", ACT(nbops.hardswish), [lambda: away_from_zero(S, 0.2, 2.8)]),
+    # inside (-1, 1) and outside, at least 0.1 from both kinks
+    ("hardtanh", ACT(nbops.hardtanh),
+     [lambda: away_from_zero(S, 0.1, 0.9) + rng.choice([-2.0, 0.0, 2.0], S)]),
+    ("hardtanh-relu6", ACT(nbops.hardtanh, min_val=0.0, max_val=6.0),
+     [lambda: rng.choice([-1.0, 3.0, 7.0], S) + rng.uniform(-0.8, 0.8, S)]),
     ("add", lambda a, b: a + b, [lambda: rng.standard_normal((2, 3, 4)),
                                  lambda: rng.standard_normal((3, 1))]),
     ("sub", lambda a, b: a - b, [lambda: rng.standard_normal((4,)),

@@ -190,7 +190,7 @@ ACT_CALLS = [
     lambda x: nb.tanh(x), lambda x: nb.gelu(x), lambda x: nb.gelu(x, approximate="tanh"),
     lambda x: nb.silu(x), lambda x: nb.swish(x, beta=1.5),
     lambda x: nb.softplus(x, beta=2.0, threshold=3.0), lambda x: nb.elu(x, alpha=0.5),
-    lambda x: nb.hardswish(x),
+    lambda x: nb.hardswish(x), lambda x: nb.hardtanh(x, -1.5, 2.5),
 ]
 BACK_CALLS = [
     lambda g, x: nb.relu_backward(g, x), lambda g, x: nb.gelu_backward(g, x),
@@ -199,6 +199,7 @@ BACK_CALLS = [
     lambda g, x: nb.sigmoid_backward(g, nb.sigmoid(x)),
     lambda g, x: nb.softplus_backward(g, x, 2.0), lambda g, x: nb.leaky_relu_backward(g, x),
     lambda g, x: nb.tanh_backward(g, x), lambda g, x: nb.hardswish_backward(g, x),
+    lambda g, x: nb.hardtanh_backward(g, x, -1.0, 2.0),
 ]
 # Every activation goes through one code path (a formula call with its
 # parameters); the CPU kernels, whose compile time grows with each formula
@@ -222,6 +223,13 @@ def test_activations_in_expressions(device, calls, subset):
     want = _sum_of(calls)(*args)
     got = nb.fuse(_sum_of(calls))(*(to_dev(a, device) for a in args))
     np.testing.assert_allclose(host(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_hardtanh_with_an_infinite_bound_in_expressions(device):
+    # one bound infinite (no bound on that side), NaN kept
+    f = nb.fuse(lambda x: nb.hardtanh(x, -np.inf, 0.5) * 2.0)
+    x = np.array([-np.inf, -3.0, 0.25, 0.75, np.inf, np.nan], np.float32)
+    np.testing.assert_array_equal(host(f(to_dev(x, device))), np.clip(x, -np.inf, 0.5) * 2)
 
 
 def test_nbops_arithmetic_ops_trace_as_operators(device):
@@ -347,6 +355,10 @@ def test_activation_parameters_are_checked_while_tracing():
         nb.fuse(lambda x: nb.softplus(x, beta=0.0))(np.ones(3))
     with pytest.raises(ValueError, match="gelu: argument 'approximate' must be one of"):
         nb.fuse(lambda x: nb.gelu(x, approximate="fast"))(np.ones(3))
+    with pytest.raises(ValueError, match=r"hardtanh: argument 'min_val' \(1.0\) must be <= "):
+        nb.fuse(lambda x: nb.hardtanh(x, 1.0, 0.0))(np.ones(3))
+    with pytest.raises(TypeError, match=r"array-valued parameter 'max_val'"):
+        nb.fuse(lambda x: nb.hardtanh(x, 0.0, x))(np.ones(3))
     with pytest.raises(TypeError, match=r"unsupported construct: nbops.swish_backward"):
         nb.fuse(lambda g, x: nb.swish_backward(g, x))(np.ones(3), np.ones(3))
 

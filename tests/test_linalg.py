@@ -32,6 +32,7 @@ ACT_REF = {
     "softplus": lambda z, b=1.0, t=20.0: np.where(b * z > t, z, np.logaddexp(0, b * z) / b),
     "elu": lambda z, a=1.0: np.where(z > 0, z, a * np.expm1(z)),
     "hardswish": lambda z: z * np.clip(z + 3, 0, 6) / 6,
+    "hardtanh": lambda z, lo=-1.0, hi=1.0: np.clip(z, lo, hi),
 }
 
 
@@ -243,6 +244,10 @@ def test_linear_variants(small_blocks):
     check(got, np.where(z > 0, z, 0.2 * z), k=5)
     got = nbops.linear(x, w, bias, activation=("softplus", 2.0, 1.0))
     np.testing.assert_allclose(got, ACT_REF["softplus"](z, 2.0, 1.0), rtol=2e-6, atol=2e-6)
+    # hardtanh's bounds may be infinite (ONNX's Clip with one bound)
+    for lo, hi in ((-np.inf, 0.25), (-0.25, np.inf), (0.1, 0.1)):
+        got = nbops.linear(x, w, bias, activation=("hardtanh", lo, hi))
+        check(got, np.clip(z, lo, hi), k=5)
     # k == 0: the result is the epilogue of the bias alone
     check(nbops.linear(np.zeros((2, 0)), np.zeros((3, 0)), bias[:3], activation="relu"),
           np.broadcast_to(np.maximum(bias[:3], 0), (2, 3)))
@@ -384,7 +389,8 @@ def test_small_route_strided_and_broadcast(small_route):
     assert len(small_route) == len(cases) + 1
 
 
-@pytest.mark.parametrize("activation", [None, "relu", "gelu", ("leaky_relu", 0.2)])
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", ("leaky_relu", 0.2),
+                                        ("hardtanh", 0.0, 6.0)])
 def test_small_route_epilogue(small_route, activation):
     # rows and columns past the tile edges are recomputed by shifted tiles:
     # the epilogue must still apply exactly once. x's leading axes do not
@@ -485,6 +491,11 @@ def test_linear_errors():
         nbops.linear(x, w, activation=("leaky_relu", -1.0))
     with pytest.raises(TypeError, match="must be a real number"):
         nbops.linear(x, w, activation=("elu", "big"))
+    with pytest.raises(ValueError, match=r"linear: argument 'activation\[1\]' \(2.0\) must be "
+                                         r"<= 'activation\[2\]' \(1.0\)"):
+        nbops.linear(x, w, activation=("hardtanh", 2.0, 1.0))
+    with pytest.raises(ValueError, match=r"linear: argument 'activation\[2\]' must not be NaN"):
+        nbops.linear(x, w, activation=("hardtanh", 0.0, float("nan")))
     with pytest.raises(ValueError, match="'bias' must be contiguous"):
         nbops.linear(x, w, np.ones(8)[::2])
 
@@ -546,7 +557,7 @@ def test_bmm_backward(small_blocks):
 
 @pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh", "sigmoid", "tanh",
                                         "swish", ("leaky_relu", 0.1), "softplus", "elu",
-                                        "silu", "hardswish"])
+                                        "silu", "hardswish", ("hardtanh", -0.3, 0.4)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_linear_backward(small_blocks, activation, with_bias):
     rng = np.random.default_rng(13)

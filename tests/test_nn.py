@@ -155,9 +155,18 @@ def test_linear_and_activations_match_references(device):
     assert isinstance(model(to_dev(x, device)), Tensor)   # records while grads are on
     for module, ref in ((nn.ReLU(), np.maximum(x, 0)), (nn.Tanh(), np.tanh(x)),
                         (nn.Sigmoid(), 1 / (1 + np.exp(-x))),
-                        (nn.SiLU(), x / (1 + np.exp(-x)))):
+                        (nn.SiLU(), x / (1 + np.exp(-x))),
+                        (nn.Hardtanh(), np.clip(x, -1, 1)),
+                        (nn.Hardtanh(-0.5, 0.25), np.clip(x, -0.5, 0.25)),
+                        (nn.ReLU6(), np.clip(x, 0, 6))):
         np.testing.assert_allclose(host(module(to_dev(x, device))), ref, rtol=1e-10)
+    big = np.array([-7.0, 3.0, 7.0, np.nan])
+    np.testing.assert_array_equal(host(nn.ReLU6()(to_dev(big, device))), [0, 3, 6, np.nan])
     assert "approximate='tanh'" in repr(nn.GELU(approximate="tanh"))
+    assert repr(nn.Hardtanh(-2, 3)) == "Hardtanh(min_val=-2.0, max_val=3.0)"
+    assert repr(nn.ReLU6()) == "ReLU6()"
+    with pytest.raises(ValueError, match=r"Hardtanh: argument 'min_val' \(1.0\) must be <="):
+        nn.Hardtanh(1.0, 0.0)
 
 
 def test_swish_beta_gradient_and_fixed_beta(device):
@@ -450,17 +459,19 @@ def test_mlp_takes_steps_on_cuda():
     assert model[1].beta.device == "cuda" and model[1].beta.item() != 1.0
 
 
-@pytest.mark.parametrize("act", [nn.ReLU, nn.Sigmoid, nn.Tanh, nn.SiLU])
+@pytest.mark.parametrize("act", [nn.ReLU, nn.Sigmoid, nn.Tanh, nn.SiLU,
+                                 lambda: nn.Hardtanh(-0.3, 0.2), nn.ReLU6])
 def test_sequential_fuses_linear_activation(monkeypatch, act):
-    # Linear + ReLU/Sigmoid/Tanh in a Sequential is one product with the
-    # activation in its epilogue; SiLU (whose derivative needs the input)
-    # stays a module of its own. Same outputs and gradients either way.
+    # Linear + ReLU/Sigmoid/Tanh/Hardtanh/ReLU6 in a Sequential is one product
+    # with the activation in its epilogue; SiLU (whose derivative needs the
+    # input) stays a module of its own. Same outputs and gradients either way.
     from nbops import linalg
     from nbops.nn import layers
 
     rng = np.random.default_rng(3)
     x = rng.standard_normal((7, 5))
-    model = nn.Sequential(nn.Linear(5, 6, dtype=np.float64, rng=1), act(),
+    module = act()
+    model = nn.Sequential(nn.Linear(5, 6, dtype=np.float64, rng=1), module,
                           nn.Linear(6, 2, dtype=np.float64, rng=2))
     calls = []
     real = linalg.linear
@@ -474,8 +485,9 @@ def test_sequential_fuses_linear_activation(monkeypatch, act):
         return host(y.data), [host(p.grad) for p in model.parameters()]
 
     fused = run()
-    fusable = act in (nn.ReLU, nn.Sigmoid, nn.Tanh)
-    assert calls[0] == (layers._EPILOGUE_ACTIVATIONS.get(act)) and (calls[0] is not None) == fusable
+    expected = {nn.ReLU: "relu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh", nn.SiLU: None,
+                nn.Hardtanh: ("hardtanh", -0.3, 0.2), nn.ReLU6: ("hardtanh", 0.0, 6.0)}
+    assert calls[0] == expected[type(module)]
     monkeypatch.setattr(layers, "_EPILOGUE_ACTIVATIONS", {})
     plain = run()
     np.testing.assert_allclose(fused[0], plain[0], rtol=1e-12, atol=1e-12)

@@ -184,7 +184,6 @@ def asm_report(dtype):
     from nbops.cpu import linalg
 
     from nbops import _jit
-    from nbops._codegen import generated
 
     # a fresh, uncached dispatcher: Numba cannot show assembly loaded from its cache
     micro = numba.njit(nogil=True, fastmath=set(_jit.FASTMATH))(
@@ -192,7 +191,7 @@ def asm_report(dtype):
     _jit._compile_with_settings(micro, slp=True)
     nt = numba.from_dtype(np.dtype(dtype))
     a2, a1, ip = types.Array(nt, 2, "C"), types.Array(nt, 1, "C"), types.intp
-    micro.compile((ip, a2, a1, ip, ip, a1, ip, ip, types.boolean, nt))
+    micro.compile((ip, a2, a1, ip, ip, a1, ip, ip, types.boolean))
     asm = micro.inspect_asm(micro.signatures[0])
     fma = collections.Counter(re.findall(r"\b(vfmadd\w+)\s", asm))
     widths = collections.Counter(re.findall(r"vfmadd\w+\s[^\n]*%([xyz]mm)\d+\s*$", asm, re.M))
@@ -205,11 +204,9 @@ def asm_report(dtype):
     mr, nr, nn = linalg.SMALL_TILES[np.dtype(dtype)]
     a1, ip = types.Array(nt, 1, "C"), types.intp
     for width in (nr, nn):
-        name, src = linalg._small_tile_source(mr, width)
         tile = numba.njit(nogil=True, fastmath=set(_jit.FASTMATH), error_model="numpy")(
-            generated(src, name, linalg._unsigned_scope(max(mr, width)), linalg.__name__))
-        _jit._compile_with_settings(tile, slp=True)
-        tile.compile((a1, ip, ip, ip, ip, a1, ip, ip, ip, a1, ip, ip, nt, types.boolean))
+            linalg.tile(mr, width).py_func)
+        tile.compile((a1, ip, ip, ip, ip, a1, ip, ip, ip, a1, ip, ip, types.boolean))
         loop = max(re.split(r"\n\.LBB", tile.inspect_asm(tile.signatures[0])),
                    key=lambda block: block.count("vfmadd"))
         fma = collections.Counter(re.findall(r"\b(vfmadd\w+)\s", loop))

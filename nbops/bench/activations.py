@@ -127,6 +127,10 @@ def hardswish(x, out):
     return out
 
 
+def hardtanh(x, out):
+    return np.clip(x, -1, 1, out=out)  # the default bounds
+
+
 # --- backward baselines ---------------------------------------------------
 
 def relu_backward(g, x, out):
@@ -225,6 +229,11 @@ def hardswish_backward(g, x, out):
     return out
 
 
+def hardtanh_backward(g, x, out):
+    np.multiply(g, (x > -1) & (x < 1), out=out)
+    return out
+
+
 # --- float64 references where the baseline's own formula is not enough ----
 
 def _gelu_ref(x):
@@ -271,6 +280,7 @@ CASES = [
     _unary("softplus", nbops.softplus, softplus, _softplus_ref),
     _unary("elu", nbops.elu, elu),
     _unary("hardswish", nbops.hardswish, hardswish),
+    _unary("hardtanh", nbops.hardtanh, hardtanh),
     _binary("relu_backward", nbops.relu_backward, relu_backward),
     _binary("leaky_relu_backward", nbops.leaky_relu_backward, leaky_relu_backward),
     _binary("sigmoid_backward", nbops.sigmoid_backward, sigmoid_backward,
@@ -287,4 +297,5 @@ CASES = [
             _softplus_backward_ref),
     _binary("elu_backward", nbops.elu_backward, elu_backward),
     _binary("hardswish_backward", nbops.hardswish_backward, hardswish_backward),
+    _binary("hardtanh_backward", nbops.hardtanh_backward, hardtanh_backward),
 ]

@@ -232,8 +232,7 @@ def _task_t(b, qt, qbuf, offq, sqr, sqc, kp, vp, mbuf, offm, smr, smc, causal, o
         for ks in range((kv + MR - 1) // MR):
             ksl = kp[b, (s0 // MR) + ks]
             for jr in range(nqs):
-                _micro(D, ksl, qpf, jr * D * NR, ldc, st, jr * BK * NR + ks * MR * NR, ldc, first,
-                       zero)
+                _micro(D, ksl, qpf, jr * D * NR, ldc, st, jr * BK * NR + ks * MR * NR, ldc, first)
         for jr in range(nqs):
             a = jr * NR
             _online(st3[jr], kv, s0, q0 + a, L, causal, has_mask, mbuf, mo, smr, smc,
@@ -252,7 +251,7 @@ def _task_t(b, qt, qbuf, offq, sqr, sqc, kp, vp, mbuf, offm, smr, smc, causal, o
             vsl = vp[b, kt, ds]
             for jr in range(nqs):
                 _micro(kv, vsl, st, jr * BK * NR, ldc, ot, jr * Dvp * NR + ds * MR * NR, ldc,
-                       not first, zero)
+                       not first)
     if stats:
         for i in range(nq):
             lsef[b * L + q0 + i] = m[i] + math.log(l[i]) if l[i] > zero else ninf

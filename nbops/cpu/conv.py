@@ -58,12 +58,13 @@ from numba import get_num_threads, prange
 from numba.extending import register_jitable
 
 from .. import _formulas
-from .._codegen import bind, generated, per_dtype
+from .._codegen import bind, per_dtype
 from .._jit import cpu_kernel
 from .._tunables import CONV_TASKS_PER_THREAD as TASKS_PER_THREAD, DIRECT_STEP_BYTES
 from .._tunables import DIRECT_TASKS_PER_THREAD, DIRECT_TILES_PER_TASK
 from . import linalg as _linalg
 from ._memory import prefetch as _prefetch
+from ._regtile import fma_tile
 
 __all__ = ["conv2d", "im2col", "col2im", "bn_scale_shift", "fold_weights"]
 #: Entry points with no CUDA twin: none (the algorithms are CPU choices).
@@ -435,11 +436,10 @@ def _igemm_t(xf, apk, bias, of, geo, ncol, nj, mch, act, zero, nchunks, wq, in_p
                             bb, bo, bs = (xf, b0, plane) if b_rows else \
                                 (bf, jr * kcap * NR, nr_)
                             if rows == MR and cols == NR:
-                                _micro(kc, apk[g, q, ir], bb, bo, bs, of, coff, p_all, first,
-                                       zero)
+                                _micro(kc, apk[g, q, ir], bb, bo, bs, of, coff, p_all, first)
                             else:
                                 _micro(kc, apk[g, q, ir], bb, bo, bs, scratch, s_off, s_ld,
-                                       s_ld > 0, zero)
+                                       s_ld > 0)
                                 _linalg.store_edge_tile(of, coff, p_all, scratch, NR, rows,
                                                         cols, first)
                             if q == nk - 1:
@@ -670,7 +670,6 @@ def _direct_t(wk, rows, mg, k, xpad, gplane, boff, cbuf, span, ntile, nq, nb, gr
     # rows where mg allows; the last tile of the span is moved back to end
     # there. Both recompute a few values already stored, bit-identical,
     # instead of going through a scratch tile.
-    zero = cbuf.dtype.type(0)
     slivers = -(-mg // MR)
     per = -(-slivers // nb) * MR                # rows per channel block
     for t in prange(nimg * groups * nb * nq):
@@ -689,40 +688,30 @@ def _direct_t(wk, rows, mg, k, xpad, gplane, boff, cbuf, span, ntile, nq, nb, gr
         for j in range(j0, min(j0 + DIRECT_TILES_PER_TASK, ntile)):
             q0 = min(j * NR, span - NR)
             _rows(wk, (g * rows + r0) * k, k, r1 - r0, xpad, (n * groups + g) * gplane, boff,
-                  q0, k, cbuf, ((n * groups + g) * mg + r0) * span, span, zero)
+                  q0, k, cbuf, ((n * groups + g) * mg + r0) * span, span)
 
 
-def _direct_rows_source(mr, nr):
-    """Source of ``direct_rows_{mr}x{nr}``: an NR-wide column block (output
-    columns q0..q0+NR at pitch ``ldc``) of the product of the weights (m
-    rows at ``a0``, row stride ``sam``, unit k stride; MR readable rows)
-    with the matrix whose row p is ``bbuf[b0 + boff[p]:][q0:q0 + NR]``, in
-    MR x NR register tiles down the m rows (the last moved back to end at
-    row m; only rows < m stored when m < MR). The k loop is the small-
-    product tile's (``linalg.tile_lines``) with one offset load for B's
-    row."""
-    name = f"direct_rows_{mr}x{nr}"
-    lines = [f"def {name}(abuf, a0, sam, m, bbuf, b0, boff, q0, k, outf, c0, ldc, zero):",
-             "    wide()", "    usam = U(sam)", "    ub0 = U(b0) + U(q0)"]
-    lines += [f"    s{i} = U{i} * usam" for i in range(1, mr)]
-    lines += ["    i0 = 0", "    while i0 < m:", f"        i0 = max(0, min(i0, m - {mr}))"]
-    lines += [f"        c{i}_{j} = zero" for i in range(mr) for j in range(nr)]
-    lines += ["        ap = U(a0) + U(i0) * usam"]
-    lines += _linalg.tile_lines(mr, nr, "        ", head=("bp = ub0 + U(boff[p])",),
-                                tail=("ap += U1",), row="c0 + (i0 + {i}) * ldc + q0",
-                                stored="i0 + {i} < m")
-    lines.append(f"        i0 += {mr}")
-    return name, "\n".join(lines) + "\n"
+def _direct_rows_t(abuf, a0, sam, m, bbuf, b0, boff, q0, k, outf, c0, ldc):
+    # an NR-wide column block (output columns q0..q0+NR at pitch ldc) of the
+    # product of the weights (m rows at a0, row stride sam, unit k stride;
+    # MR readable rows) with the matrix whose row p is bbuf[b0 + boff[p]:]
+    # [q0:q0 + NR], in MR x NR register tiles down the m rows (the last
+    # moved back to end at row m; only rows < m stored when m < MR)
+    i0 = 0
+    while i0 < m:
+        i0 = max(0, min(i0, m - MR))
+        _tile(k, abuf, a0 + i0 * sam, 1, sam, bbuf, b0 + q0, boff, outf, c0 + i0 * ldc + q0,
+              ldc, m - i0, False)
+        i0 += MR
 
 
 @per_dtype
 def _direct_driver(dtype):
     """The direct-convolution driver for ``dtype``'s tile, built on first use."""
     mr, nr = DIRECT_TILES[dtype]
-    name, src = _direct_rows_source(mr, nr)
     scope = dict(globals())
-    scope.update(MR=mr, NR=nr, _rows=cpu_kernel(generated(
-        src, name, _linalg._unsigned_scope(max(mr, nr)), __name__)))
+    scope.update(MR=mr, NR=nr, _rows=cpu_kernel(bind(
+        _direct_rows_t, dict(globals(), MR=mr, _tile=fma_tile(mr, nr)), f"direct_rows_{mr}x{nr}")))
     return cpu_kernel(bind(_direct_t, scope, f"conv_direct_{mr}x{nr}"), parallel=True)
 
 

@@ -83,6 +83,7 @@ from .._tunables import PREFETCH_PRODUCT_BYTES, PREFETCH_ROWS
 from . import activations as _activations  # noqa: F401  (makes the formulas jittable)
 from ._memory import LINE
 from ._memory import prefetch as _prefetch
+from ._regtile import fma_tile
 
 __all__ = ["gemm", "gemm_blas"]
 #: Entry points with no CUDA twin: the BLAS route exists on the CPU only.
@@ -116,32 +117,11 @@ def _prefer_wide_vectors(typingctx):
     return types.void(), codegen
 
 
-def _micro_source(mr, nr):
-    """Source of the MR x NR micro-kernel: ``C[tile] (+)= ap.T @ B`` where
-    ``ap`` is a (kc, MR) packed A sliver and B's row p is
-    ``bbuf[boff + p * ldb:][:NR]``: a packed B sliver (``ldb = NR``) or the
-    input's planes of a 1x1 convolution read where they lie (``ldb`` the
-    plane). One kernel for both: a second one for packed B as a 2-D array
-    cost 11-24 s more cold compile (float32 8x32) and ran no faster."""
-    name = f"micro_{mr}x{nr}"
-    acc = [[f"c{i}_{j}" for j in range(nr)] for i in range(mr)]
-    lines = [f"def {name}(kc, ap, bbuf, boff, ldb, cbuf, coff, ldc, first, zero):", "    wide()"]
-    lines += [f"    {acc[i][j]} = zero" for i in range(mr) for j in range(nr)]
-    lines.append("    for p in range(kc):")
-    # the row's slice first: after A's loads, LLVM scheduled the kernel 12%
-    # slower (1x1 convolution, 256 -> 64 at 56 x 56)
-    lines.append(f"        bp = bbuf[boff + p * ldb:boff + p * ldb + {nr}]")
-    lines += [f"        a{i} = ap[p, {i}]" for i in range(mr)]
-    lines += [f"        b{j} = bp[{j}]" for j in range(nr)]
-    lines += [f"        {acc[i][j]} += a{i} * b{j}" for i in range(mr) for j in range(nr)]
-    # rows as slices: constant indices into them need no wraparound code,
-    # and the stores of a row merge into one vector store
-    for flag, op in (("first", "="), ("not first", "+=")):
-        lines.append(f"    if {flag}:")
-        for i in range(mr):
-            lines.append(f"        row = cbuf[coff + {i} * ldc:coff + {i} * ldc + {nr}]")
-            lines += [f"        row[{j}] {op} {acc[i][j]}" for j in range(nr)]
-    return name, "\n".join(lines) + "\n"
+def _micro_t(kc, ap, bbuf, boff, ldb, cbuf, coff, ldc, first):
+    # C[tile] (+)= ap.T @ B: ap a (kc, MR) packed A sliver, B's row p at
+    # bbuf[boff + p * ldb:][:NR], a packed B sliver (ldb = NR) or the input's
+    # planes of a 1x1 convolution read where they lie (ldb the plane)
+    _tile(kc, ap, 0, MR, 1, bbuf, boff, ldb, cbuf, coff, ldc, MR, not first)
 
 
 @register_jitable
@@ -270,10 +250,9 @@ def _macro_t(abuf, a_off, sam, sak, bpack, jr0, jr1, nc, outf, c_off, ldc, mc, k
                 rows = min(MR, mc - ir * MR)
                 coff = c_off + ir * MR * ldc + jr * NR
                 if rows == MR and cols == NR:
-                    _micro(kc, apack[ir], bf, jr * b_step, bnr, outf, coff, ldc, first, zero)
+                    _micro(kc, apack[ir], bf, jr * b_step, bnr, outf, coff, ldc, first)
                 else:
-                    _micro(kc, apack[ir], bf, jr * b_step, bnr, scratch, s_off, bnr, s_off == 0,
-                           zero)
+                    _micro(kc, apack[ir], bf, jr * b_step, bnr, scratch, s_off, bnr, s_off == 0)
                     store_edge_tile(outf, coff, ldc, scratch, NR, rows, cols, first)
         if epilogue:
             col0 = g0 * NR
@@ -379,82 +358,14 @@ def _make_drivers(dtype):
 # Small products: no packing
 
 
-def _small_tile_source(mr, nr):
-    """Source of ``tile_{mr}x{nr}``, the register tile of the small-product
-    and streamed-weight drivers: an MR x NR tile of C, ``(+)= A @ B`` over
-    k, computed from A and B where they lie. A's MR rows (at ``a0 + i *
-    sam``, all readable) are read through both strides, one broadcast per
-    row and k step; B must have unit column stride, so that each k step
-    loads NR contiguous elements of one row of B as whole vectors. Only the
-    first ``rows`` rows are stored (branches outside the k loop), added to
-    C where ``acc`` (the streamed driver's later k slices).
-
-    ``acc`` is a runtime flag, and callers pass runtime values, never
-    literals: the added variant as a kernel of its own, and the streamed
-    driver's literal strides, had compiled two more specialisations of the
-    float32 8x32 tile (3-6 s each, cold), for no speed.
-
-    Indices are unsigned (``U``, constants ``U1``...): Numba guards signed
-    indices against negative values, and the SLP vectorizer vectorized those
-    guards instead of the loads (a third of the loop). Element indices are
-    never negative; negative strides wrap modulo 2**64 and the sums come out
-    right. Row offsets ``i * sam`` written this way let LLVM walk the rows
-    with one stride register instead of MR pointers spilled to the stack."""
-    name = f"tile_{mr}x{nr}"
-    lines = [f"def {name}(abuf, a0, sam, sak, rows, bbuf, b0, sbk, k, outf, c0, ldc, zero, acc):",
-             "    wide()"]
-    lines += [f"    c{i}_{j} = zero" for i in range(mr) for j in range(nr)]
-    lines += ["    ap = U(a0)", "    bp = U(b0)", "    usam = U(sam)", "    usak = U(sak)",
-              "    usbk = U(sbk)"]
-    lines += [f"    s{i} = U{i} * usam" for i in range(1, mr)]
-    lines += tile_lines(mr, nr, "    ", head=(), tail=("ap += usak", "bp += usbk"),
-                        row="c0 + {i} * ldc", stored="rows > {i}", flag="acc")
-    return name, "\n".join(lines) + "\n"
-
-
-def tile_lines(mr, nr, ind, head, tail, row, stored, op="=", flag=None):
-    """Source lines (indented by ``ind``) of an MR x NR register tile's k
-    loop and stores, shared by the generated tiles (here and in
-    :mod:`nbops.cpu.conv`): each k step broadcasts A's MR rows
-    (``abuf[ap + s{i}]``), loads NR contiguous elements of a row of B
-    (``bbuf[bp + U{j}]``) and adds their products into the accumulators
-    ``c{i}_{j}``; ``head`` lines open each step (setting ``bp``), ``tail``
-    lines end it (advancing ``ap``/``bp``). Row i of the tile is stored at
-    ``outf[row:row + NR]`` (``row`` and ``stored`` are format strings of
-    ``i``), for i > 0 only where ``stored`` holds; ``op="+="`` adds to it,
-    and with ``flag`` (the name of a runtime bool) both stores are
-    generated, adding where ``flag`` is true."""
-    inner = ind + "    "
-    lines = [f"{ind}for p in range(k):"]
-    lines += [inner + h for h in head]
-    lines += [f"{inner}x0 = abuf[ap]"]
-    lines += [f"{inner}x{i} = abuf[ap + s{i}]" for i in range(1, mr)]
-    lines += [f"{inner}y0 = bbuf[bp]"]
-    lines += [f"{inner}y{j} = bbuf[bp + U{j}]" for j in range(1, nr)]
-    lines += [f"{inner}c{i}_{j} += x{i} * y{j}" for i in range(mr) for j in range(nr)]
-    lines += [inner + t for t in tail]
-    for i in range(mr):
-        at = ind
-        if i:
-            lines.append(f"{ind}if {stored.format(i=i)}:")
-            at = inner
-        r = row.format(i=i)
-        lines.append(f"{at}row = outf[{r}:{r} + {nr}]")
-        if flag is None:
-            lines += [f"{at}row[{j}] {op} c{i}_{j}" for j in range(nr)]
-            continue
-        # the branch outside the row's stores: each branch's stores merge
-        # into whole vector stores
-        for cond, op_ in ((f"if {flag}:", "+="), ("else:", "=")):
-            lines.append(at + cond)
-            lines += [f"{at}    row[{j}] {op_} c{i}_{j}" for j in range(nr)]
-    return lines
-
-
-def _unsigned_scope(n):
-    scope = {"wide": _prefer_wide_vectors, "U": np.uint64}
-    scope.update({f"U{j}": np.uint64(j) for j in range(1, n)})
-    return scope
+def _small_tile_t(abuf, a0, sam, sak, rows, bbuf, b0, sbk, k, outf, c0, ldc, acc):
+    # an MR x NR tile of C (+)= A @ B over k from A and B where they lie: A's
+    # MR rows at a0 + i * sam (all readable), read through both strides; B's
+    # rows at b0 + p * sbk with unit column stride. Only the first ``rows``
+    # rows are stored, added where ``acc`` (the streamed driver's later k
+    # slices). ``acc`` and the strides are runtime values at every call: a
+    # literal would compile another specialisation for no speed.
+    _tile(k, abuf, a0, sak, sam, bbuf, b0, sbk, outf, c0, ldc, rows, acc)
 
 
 #: Default bound of the small-product route on m, n and k (``SMALL`` in the
@@ -492,7 +403,6 @@ def _small_product_t(abuf, a0, sam, sak, bbuf, b0, sbk, outf, c0, m, n, k, ctile
     # instead of going through a scratch tile; only a C narrower than one
     # vector (B then padded to SNN columns) goes through ``ctile``. The
     # epilogue runs once, after every tile is stored.
-    zero = cst.zero
     rows = min(MR, m)
     store = m < 0  # False, not a literal: see tile()
     j0 = 0
@@ -504,13 +414,13 @@ def _small_product_t(abuf, a0, sam, sak, bbuf, b0, sbk, outf, c0, m, n, k, ctile
             i0 = max(0, min(i0, m - MR))
             if wide:
                 _wide_tile(abuf, a0 + i0 * sam, sam, sak, rows, bbuf, b0 + j0, sbk, k, outf,
-                           c0 + i0 * n + j0, n, zero, store)
+                           c0 + i0 * n + j0, n, store)
             elif n >= SNN:
                 _narrow_tile(abuf, a0 + i0 * sam, sam, sak, rows, bbuf, b0 + j0, sbk, k,
-                             outf, c0 + i0 * n + j0, n, zero, store)
+                             outf, c0 + i0 * n + j0, n, store)
             else:
                 _narrow_tile(abuf, a0 + i0 * sam, sam, sak, rows, bbuf, b0, sbk, k, ctile,
-                             0 * n, ctile.size // MR, zero, store)
+                             0 * n, ctile.size // MR, store)
                 for i in range(rows):
                     for j in range(n):
                         outf[c0 + (i0 + i) * n + j] = ctile[i * SNN + j]
@@ -575,11 +485,11 @@ def _small_t(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, outf, nbatch, m, n, k, 
 
 @functools.lru_cache(maxsize=None)
 def tile(mr, nr):
-    """The compiled MR x NR register tile (``_small_tile_source``): one
-    dispatcher per shape, shared by every driver here and by
-    :mod:`nbops.cpu.conv`'s implicit GEMM."""
-    name, src = _small_tile_source(mr, nr)
-    return cpu_kernel(generated(src, name, _unsigned_scope(max(mr, nr)), __name__))
+    """The compiled MR x NR small-product tile (``_small_tile_t``): one
+    dispatcher per shape, shared by the small-product and streamed-weight
+    drivers."""
+    return cpu_kernel(bind(_small_tile_t, dict(globals(), _tile=fma_tile(mr, nr)),
+                           f"tile_{mr}x{nr}"))
 
 
 def _make_small(mr, nr, nn):
@@ -675,7 +585,7 @@ def _stream_t(abuf, a0, sam, sak, bbuf, b0, sbn, outf, m, n, k, bias, act, prm, 
                         wb, wo, ws = (bbuf, b0 + t * MR * sbn + kb, sbn) if t < full else \
                             (wpad, kb, k)
                         _st_tile(wb, wo, ws, one, mr_, xf, (s * k + kb) * SR, sr_, kc, ct,
-                                 t * MR * mp + s * SR, mp, zero, kb > 0)
+                                 t * MR * mp + s * SR, mp, kb > 0)
             f0 = t0 * MR
             f1 = min(n, t1 * MR)
             for r in range(m):
@@ -699,10 +609,11 @@ def stream_driver(dtype):
 
 @functools.lru_cache(maxsize=None)
 def micro(mr, nr):
-    """The compiled MR x NR micro-kernel (``_micro_source``), shared by the
-    packed drivers and :mod:`nbops.cpu.conv`'s implicit GEMM."""
-    name, src = _micro_source(mr, nr)
-    return cpu_kernel(generated(src, name, {"wide": _prefer_wide_vectors}, __name__))
+    """The compiled MR x NR micro-kernel (``_micro_t``) on packed A slivers,
+    shared by the packed drivers, :mod:`nbops.cpu.conv`'s implicit GEMM and
+    :mod:`nbops.cpu.attention`."""
+    return cpu_kernel(bind(_micro_t, dict(globals(), _tile=fma_tile(mr, nr), MR=mr),
+                           f"micro_{mr}x{nr}"))
 
 
 @per_dtype

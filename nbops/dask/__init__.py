@@ -246,7 +246,8 @@ def _elementwise_op(name):
 
 
 _ELEMENTWISE = ("relu", "leaky_relu", "sigmoid", "tanh", "gelu", "silu", "swish", "softplus",
-                "elu", "hardswish", "add", "sub", "mul", "div", "pow", "neg", "exp", "log")
+                "elu", "hardswish", "hardtanh", "add", "sub", "mul", "div", "pow", "neg", "exp",
+                "log")
 for _name in _ELEMENTWISE:
     globals()[_name] = _elementwise_op(_name)
 __all__ += list(_ELEMENTWISE)

@@ -8,12 +8,12 @@ PyTorch's parameter names, and losses.
 >>> loss.backward()                     # gradients in model's parameters' .grad
 """
 
-from .layers import GELU, Dropout, Linear, ReLU, Sigmoid, SiLU, Swish, Tanh
+from .layers import GELU, Dropout, Hardtanh, Linear, ReLU, ReLU6, Sigmoid, SiLU, Swish, Tanh
 from .losses import binary_cross_entropy_with_logits, cross_entropy, mse_loss
 from .module import Module, Parameter, Sequential
 
 __all__ = ["Module", "Parameter", "Sequential", "Linear", "ReLU", "GELU", "SiLU", "Sigmoid",
-           "Tanh", "Swish", "Dropout", "mse_loss", "cross_entropy",
+           "Tanh", "Hardtanh", "ReLU6", "Swish", "Dropout", "mse_loss", "cross_entropy",
            "binary_cross_entropy_with_logits"]
 from .spiking import ALIF, LIF, Synaptic, TimeDistributed  # noqa: E402,F401
 __all__ += ["LIF", "Synaptic", "ALIF", "TimeDistributed"]

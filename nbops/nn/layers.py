@@ -15,7 +15,8 @@ from .. import _checks, _dispatch, activations, arith, linalg
 from ..autograd import _is_tensor, is_grad_enabled
 from .module import Module, Parameter
 
-__all__ = ["Linear", "ReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "Swish", "Dropout"]
+__all__ = ["Linear", "ReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "Hardtanh", "ReLU6", "Swish",
+           "Dropout"]
 
 
 def _operands(x, *params):
@@ -79,7 +80,8 @@ class Linear(Module):
         this layer can apply in its GEMM's epilogue, or None."""
         if type(self).forward is not Linear.forward:  # a subclass computes something else
             return None
-        return _EPILOGUE_ACTIVATIONS.get(type(module))
+        act = _EPILOGUE_ACTIVATIONS.get(type(module))
+        return act(module) if callable(act) else act
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -121,11 +123,49 @@ SiLU = _activation_module("SiLU", activations.silu, "``nbops.silu`` as a module.
 Sigmoid = _activation_module("Sigmoid", activations.sigmoid, "``nbops.sigmoid`` as a module.")
 Tanh = _activation_module("Tanh", activations.tanh, "``nbops.tanh`` as a module.")
 
+
+class Hardtanh(_Elementwise):
+    """``nbops.hardtanh`` as a module: ``x`` clipped to ``[min_val, max_val]``.
+
+    Raises ValueError (naming Hardtanh) when ``min_val > max_val`` or either
+    is NaN, TypeError for a non-number.
+
+    >>> nbops.nn.Hardtanh(-2.0, 2.0)(np.array([-3.0, 1.0, 3.0]))
+    array([-2.,  1.,  2.])
+    """
+
+    fn = staticmethod(activations.hardtanh)
+
+    def __init__(self, min_val=-1.0, max_val=1.0):
+        lo, hi = _checks.bounds(type(self).__name__, "min_val", min_val, "max_val", max_val)
+        super().__init__(min_val=lo, max_val=hi)
+
+
+class ReLU6(Hardtanh):
+    """``min(max(x, 0), 6)``: ``nbops.hardtanh(x, 0, 6)`` as a module
+    (MobileNet's activation).
+
+    >>> nbops.nn.ReLU6()(np.array([-1.0, 3.0, 7.0]))
+    array([0., 3., 6.])
+    """
+
+    def __init__(self):
+        super().__init__(0.0, 6.0)
+
+    def extra_repr(self):
+        return ""
+
+
 #: Activation modules that a Linear right before them in a Sequential applies
 #: in its product's epilogue (one pass over the output fewer, one graph node
 #: fewer): those whose derivative comes from the output, so the fused
-#: backward needs no recomputed product. Same results to the bit.
-_EPILOGUE_ACTIVATIONS = {ReLU: "relu", Sigmoid: "sigmoid", Tanh: "tanh"}
+#: backward needs no recomputed product. Same results to the bit. A value is
+#: the epilogue activation, or a function of the module giving it.
+_EPILOGUE_ACTIVATIONS = {
+    ReLU: "relu", Sigmoid: "sigmoid", Tanh: "tanh",
+    Hardtanh: lambda m: ("hardtanh", m.kwargs["min_val"], m.kwargs["max_val"]),
+}
+_EPILOGUE_ACTIVATIONS[ReLU6] = _EPILOGUE_ACTIVATIONS[Hardtanh]
 
 
 class Swish(Module):

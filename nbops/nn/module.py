@@ -358,8 +358,8 @@ def _buffer_value(cls, name, value):
 
 class Sequential(Module):
     """Modules applied in order; children are named ``0``, ``1``, ...
-    A Linear directly followed by ReLU, Sigmoid or Tanh runs as one product
-    with the activation in its epilogue (same results).
+    A Linear directly followed by ReLU, Sigmoid, Tanh, Hardtanh or ReLU6
+    runs as one product with the activation in its epilogue (same results).
 
     >>> model = nbops.nn.Sequential(nbops.nn.Linear(4, 8), nbops.nn.ReLU(),
     ...                             nbops.nn.Linear(8, 2))
@@ -380,7 +380,7 @@ class Sequential(Module):
         i = 0
         while i < len(mods):
             m = mods[i]
-            # Linear followed by ReLU, Sigmoid or Tanh: one fused product
+            # Linear followed by an activation its epilogue applies: one fused product
             fuse = getattr(m, "_epilogue_for", None)
             act = fuse(mods[i + 1]) if fuse is not None and i + 1 < len(mods) else None
             if act is not None:
