@@ -5,10 +5,9 @@ each step loads NR contiguous elements of one row of B as whole vectors,
 broadcasts MR elements of A and issues MR * NR / VL vector multiply-adds
 (VL = 64 bytes of lanes: 16 float32, 8 float64) into accumulators that stay
 in registers for the whole loop; the tile is then stored into (or added
-to) C. Written as vectors from the start, the tile costs LLVM a fraction of
-a second to compile, where generated source with MR * NR scalar
-accumulators, left to the SLP vectorizer to pack, took 3-26 s per tile
-shape (docs/startup.md, compile report) for the same instructions.
+to) C. Written as vectors from the start, it compiles in a fraction of a
+second, where MR * NR scalar accumulators left to the SLP vectorizer cost
+seconds per tile shape for the same instructions (docs/startup.md).
 
 Each accumulator element is ``fmuladd(a, b, acc)`` in k order, as the scalar
 ``acc += a * b`` compiled with ``contract`` was: results are bit-identical.

@@ -10,15 +10,11 @@ consumed where they lie; partial slivers are zero-padded, so the
 micro-kernel always runs full tiles and edge tiles go through a small
 scratch tile.
 
-The micro-kernel is generated source (one kernel per tile shape, B's
-rows read at a runtime row stride, shared with the implicit-GEMM
-convolution): MR * NR scalar accumulators, all indices compile-time
-constants, so that the SLP vectorizer (switched on by ``cpu_kernel``)
-turns each row of accumulators into 512-bit registers (the function asks
-for that width, see ``_prefer_wide_vectors``) and each
-``acc += a * b`` (fastmath ``contract``, no ``reassoc``) into an FMA: per k
-step 2 (float32 8x32) vector loads of B, 8 broadcasts of A and 16
-``vfmadd231ps zmm``, no spills. ``tools/bench_gemm.py --asm`` prints the mix.
+The micro-kernel (``_micro_t``, shared with the implicit-GEMM convolution
+and attention) runs the register tile of :mod:`nbops.cpu._regtile`, written
+in LLVM IR as vectors: per k step (float32 8x32) 2 vector loads of B's row,
+8 broadcasts of A and 16 ``vfmadd231ps zmm``, no spills, B's rows read at
+a runtime row stride. ``tools/bench_gemm.py --asm`` prints the mix.
 
 Operands arrive as flat buffers plus element strides and per-batch element
 offsets (``offa[b]``, ``offb[b]``): one compiled signature per dtype covers
@@ -49,10 +45,9 @@ Small products (``small_route``: m, n, k all at most the config's
 ``SMALL``, default 128, and at least one product per thread) skip packing
 altogether: ``_small`` runs ``prange`` over chunks of the batch and
 computes each product with register tiles that read A and B where they lie
-(``_small_tile_source``: MR x NR accumulators, A broadcast from its rows
-through both strides, one row segment of B per k step as whole vectors;
-8 x 32 and 8 x 16 for float32, 8 x 16 and 8 x 8 for float64; 16 or 8
-``vfmadd231ps/pd zmm`` per k step, no stack references in the loop). Edge
+(``_small_tile_t``: A broadcast from its rows through both strides, one row
+segment of B per k step as whole vectors; 8 x 32 and 8 x 16 for float32,
+8 x 16 and 8 x 8 for float64). Edge
 tiles are moved back to end at the last row or column and recompute a few
 values instead of going through a scratch tile; the epilogue runs once
 per product after its tiles. Products of 4-16 KiB of operands prefetch
