@@ -239,6 +239,121 @@ def test_per_channel_affine_folds_into_conv_and_batch_norm():
     np.testing.assert_allclose(y, _unplanned(m, {"x": x})[0], rtol=1e-4, atol=1e-5)
 
 
+def _clip(name, x, y, lo, hi, opset):
+    """A Clip node and the initializers it needs: bounds as attributes before
+    opset 11, as initializer inputs from 11 ('' for a missing one)."""
+    if opset < 11:
+        attrs = {k: v for k, v in (("min", lo), ("max", hi)) if v is not None}
+        return helper.make_node("Clip", [x], [y], name=name, **attrs), {}
+    inits = {f"{name}_{k}": np.array(v, np.float32) for k, v in (("lo", lo), ("hi", hi))
+             if v is not None}
+    ins = [x, f"{name}_lo" if lo is not None else "", f"{name}_hi" if hi is not None else ""]
+    return helper.make_node("Clip", ins, [y], name=name), inits
+
+
+def _act(sess, name):
+    return next(n.attrs["activation"] for n in sess.plan.nodes if n.name == name)
+
+
+@pytest.mark.parametrize("opset", [9, 13])
+def test_conv_and_clip_fuse_into_the_conv(opset):
+    # MobileNetV2's Conv + Clip(0, 6) (relu6), a residual Add + Clip with one
+    # bound, and a Clip(0, no max) which is relu: each one FusedConv
+    c = 6
+    inits = {"w1": _w(c, 3, 3, 3, scale=2.0), "b1": _w(c), "w2": _w(c, c, 1, 1, scale=2.0),
+             "w3": _w(c, c, 3, 3)}
+    clip1, i1 = _clip("clip1", "c1", "r1", 0.0, 6.0, opset)
+    clip2, i2 = _clip("clip2", "s", "r2", None, 1.5, opset)
+    clip3, i3 = _clip("clip3", "c3", "y", 0.0, None, opset)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        clip1,
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2"),
+        helper.make_node("Add", ["c2", "r1"], ["s"], name="add"),
+        clip2,
+        helper.make_node("Conv", ["r2", "w3"], ["c3"], pads=[1, 1, 1, 1], name="conv3"),
+        clip3,
+    ]
+    m = _model(nodes, [helper.make_tensor_value_info("x", F, ["N", 3, 8, 8])],
+               [helper.make_tensor_value_info("y", F, ["N", c, 8, 8])],
+               {**inits, **i1, **i2, **i3}, opset=opset)
+    sess = InferenceSession(m)
+    text = str(sess.plan)
+    assert "Conv 'conv1' + Clip 'clip1' -> FusedConv" in text
+    assert "Add 'add' into FusedConv 'conv2' (residual=) + Clip 'clip2'" in text
+    assert "Conv 'conv3' + Clip 'clip3' -> FusedConv" in text
+    assert [n.op_type for n in sess.plan.nodes] == ["FusedConv"] * 3
+    assert _act(sess, "conv1") == ("hardtanh", 0.0, 6.0)
+    assert _act(sess, "conv2") == ("hardtanh", -np.inf, 1.5)
+    assert _act(sess, "conv3") == "relu"
+    x = (RNG.standard_normal((2, 3, 8, 8)) * 3).astype(np.float32)
+    (y,) = sess.run(None, {"x": x})
+    r1 = InferenceSession(_model(nodes[:2], m.graph.input, [helper.make_tensor_value_info(
+        "r1", F, ["N", c, 8, 8])], {**inits, **i1}, opset=opset)).run(None, {"x": x})[0]
+    assert r1.min() == 0.0 and r1.max() == 6.0  # both bounds were reached
+    for ref in (_reference(m, {"x": x})[0], _unplanned(m, {"x": x})[0]):
+        np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("opset", [9, 13])
+def test_gemm_and_clip_fuse_into_the_linear_epilogue(opset):
+    # Gemm + Clip, and MatMul + Add bias + Clip with a min only: FusedLinear
+    # with ("hardtanh", lo, hi) in its epilogue
+    inits = {"fw": _w(7, 5, scale=1.0), "fb": _w(7), "mw": _w(7, 4, scale=1.0), "mb": _w(4)}
+    clip1, i1 = _clip("clip1", "fc", "h", -0.5, 0.75, opset)
+    clip2, i2 = _clip("clip2", "a", "y", -0.25, None, opset)
+    nodes = [
+        helper.make_node("Gemm", ["x", "fw", "fb"], ["fc"], transB=1, name="fc"),
+        clip1,
+        helper.make_node("MatMul", ["h", "mw"], ["mm"], name="mm"),
+        helper.make_node("Add", ["mm", "mb"], ["a"], name="add"),
+        clip2,
+    ]
+    m = _model(nodes, [helper.make_tensor_value_info("x", F, ["N", 5])],
+               [helper.make_tensor_value_info("y", F, ["N", 4])], {**inits, **i1, **i2},
+               opset=opset)
+    sess = InferenceSession(m)
+    text = str(sess.plan)
+    assert "Gemm 'fc' + Clip 'clip1' -> FusedLinear" in text
+    assert "MatMul 'mm' + Add 'add' + Clip 'clip2' -> FusedLinear" in text
+    assert [n.op_type for n in sess.plan.nodes] == ["FusedLinear"] * 2
+    assert _act(sess, "fc") == ("hardtanh", -0.5, 0.75)
+    assert _act(sess, "mm") == ("hardtanh", -0.25, np.inf)
+    x = (RNG.standard_normal((9, 5)) * 2).astype(np.float32)
+    (y,) = sess.run(None, {"x": x})
+    h = np.clip(x.astype(np.float64) @ inits["fw"].T + inits["fb"], -0.5, 0.75)
+    want = np.maximum(h @ inits["mw"] + inits["mb"], -0.25)
+    assert h.min() == -0.5 and h.max() == 0.75 and want.min() == -0.25
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+    for ref in (_reference(m, {"x": x})[0], _unplanned(m, {"x": x})[0]):
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_clip_with_bounds_that_are_not_constants_runs_on_its_own():
+    # a bound fed at run time cannot go into an epilogue; nor can bounds
+    # out of order (ONNX gives max there): the Clip stays a node of its own
+    inits = {"fw": _w(6, 5, scale=1.0), "w": _w(6, 4), "lo": np.array(0.5, np.float32),
+             "hi": np.array(-0.5, np.float32)}
+    nodes = [
+        helper.make_node("Gemm", ["x", "fw"], ["fc"], transB=1, name="fc"),
+        helper.make_node("Clip", ["fc", "lo_in", ""], ["h"], name="clip1"),
+        helper.make_node("MatMul", ["h", "w"], ["mm"], name="mm"),
+        helper.make_node("Clip", ["mm", "lo", "hi"], ["y"], name="clip2"),
+    ]
+    m = _model(nodes, [helper.make_tensor_value_info("x", F, ["N", 5]),
+                       helper.make_tensor_value_info("lo_in", F, [])],
+               [helper.make_tensor_value_info("y", F, ["N", 4])], inits, opset=13)
+    sess = InferenceSession(m)
+    assert [n.op_type for n in sess.plan.nodes] == ["FusedLinear", "Clip", "FusedLinear",
+                                                    "Clip"]
+    assert "Clip 'clip" not in str(sess.plan)
+    feeds = {"x": RNG.standard_normal((3, 5)).astype(np.float32),
+             "lo_in": np.array(-0.2, np.float32)}
+    (y,) = sess.run(None, feeds)
+    np.testing.assert_array_equal(y, np.full((3, 4), -0.5, np.float32))
+    np.testing.assert_allclose(y, _reference(m, feeds)[0])
+
+
 def test_batch_norm_and_relu_run_as_one_pass():
     # BatchNormalization -> Relu (its only reader) becomes ScaleShiftRelu; a
     # batch norm whose output is read twice stays as it is
@@ -451,6 +566,29 @@ def test_cuda_session_matches_cpu():
     (y_dev,) = InferenceSession(m, device="cuda").run(None, {"x": x})
     assert isinstance(y_dev, np.ndarray)
     np.testing.assert_allclose(y_dev, y_cpu, rtol=1e-4, atol=1e-5)
+
+
+def test_cuda_session_runs_fused_clips():
+    # Conv + Clip (hardtanh in place after the device conv) and MatMul + Clip
+    # (the device GEMM's epilogue), against the CPU session and NumPy
+    if not nbops.cuda_available():
+        pytest.fail("CUDA (or its simulator) must be available")
+    inits = {"w": _w(2, 2, 3, 3, scale=1.0), "fw": _w(2 * 4 * 4, 3, scale=1.0)}
+    clip1, i1 = _clip("clip1", "c", "r", 0.0, 0.5, 13)
+    clip2, i2 = _clip("clip2", "mm", "y", -0.3, 0.3, 13)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             clip1, helper.make_node("Flatten", ["r"], ["f"], name="flat"),
+             helper.make_node("MatMul", ["f", "fw"], ["mm"], name="mm"), clip2]
+    m = _model(nodes, [helper.make_tensor_value_info("x", F, [1, 2, 4, 4])],
+               [helper.make_tensor_value_info("y", F, [1, 3])], {**inits, **i1, **i2}, opset=13)
+    x = RNG.standard_normal((1, 2, 4, 4)).astype(np.float32)
+    sess = InferenceSession(m, device="cuda")
+    assert [n.op_type for n in sess.plan.nodes] == ["FusedConv", "Flatten", "FusedLinear"]
+    (y_dev,) = sess.run(None, {"x": x})
+    (y_cpu,) = InferenceSession(m).run(None, {"x": x})
+    np.testing.assert_allclose(y_dev, y_cpu, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(y_dev, _reference(m, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    assert np.abs(y_dev).max() == np.float32(0.3)  # a bound was reached
 
 
 def _light(name):

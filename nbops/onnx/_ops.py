@@ -462,6 +462,9 @@ def _conv_call(node, x, w, b, residual, activation, packed):
     fused_res = residual is not None and tuple(residual.shape) == out_shape and \
         residual.dtype == x.dtype
     relu = activation == "relu"
+    # ("hardtanh", lo, hi), a fused Clip: the conv kernels' epilogue applies
+    # relu only, so it runs on the output in place, in the same call
+    clip = activation[1:] if isinstance(activation, tuple) else None
     fn = nbops.conv_relu if relu and (fused_res or residual is None) else \
         (nbops.conv2d if r == 2 else nbops.conv1d)
     if packed:
@@ -469,8 +472,8 @@ def _conv_call(node, x, w, b, residual, activation, packed):
         conv = lambda x, w, b, res: fn(x, pack, residual=res)  # noqa: E731
     else:
         conv = lambda x, w, b, res: fn(x, w, b, residual=res, **kw)  # noqa: E731
-    if pad_width is None and (fused_res or residual is None) and (fn is nbops.conv_relu
-                                                                  or not relu):
+    if pad_width is None and (fused_res or residual is None) and clip is None and (
+            fn is nbops.conv_relu or not relu):
         return conv  # the kernel does it all
 
     def call(x, w, b, residual):
@@ -482,6 +485,8 @@ def _conv_call(node, x, w, b, residual, activation, packed):
             y = nbops.add(y, residual)
         if relu and fn is not nbops.conv_relu:
             y = nbops.relu(y)
+        if clip is not None:
+            y = nbops.hardtanh(y, *clip, out=y)  # y is this call's own array
         return y
 
     return call
@@ -496,9 +501,9 @@ def onnx_conv(node, x, w, b=None, *, state):
 
 @onnx_op("FusedConv", domain=NBOPS_DOMAIN, prepare=_conv_prepare, dtypes=FLOAT)
 def onnx_fused_conv(node, x, w, b=None, residual=None, *, state):
-    """The planner's Conv [+ folded BN] [+ residual Add] [+ Relu]: one
-    nbops convolution with its epilogue (``conv_relu``/``conv2d`` with
-    ``residual=``)."""
+    """The planner's Conv [+ folded BN] [+ residual Add] [+ Relu or Clip]:
+    one nbops convolution with its epilogue (``conv_relu``/``conv2d`` with
+    ``residual=``); a Clip's ``hardtanh`` then runs on its output in place."""
     return _conv_run(node, x, w, b, residual, node.attrs.get("activation"), state)
 
 

@@ -14,20 +14,22 @@ function ``fn(graph) -> list[str]`` returning one line per rewrite it made
   arithmetic, Reshape targets, weight transposes);
 * ``30`` fold BatchNormalization into the Conv before it (when the conv's
   output has no other reader);
-* ``40`` fuse Conv [+ Relu] into ``ai.nbops.FusedConv`` (nbops' conv kernel
-  with its epilogue) and Gemm / MatMul-with-a-constant-2-D-weight [+ Add of
-  a constant bias] [+ an activation] into ``ai.nbops.FusedLinear``
-  (:func:`nbops.linear`'s epilogue);
+* ``40`` fuse Conv [+ Relu or Clip] into ``ai.nbops.FusedConv`` (nbops'
+  conv kernel with its epilogue) and Gemm / MatMul-with-a-constant-2-D-weight
+  [+ Add of a constant bias] [+ an activation, Clip included] into
+  ``ai.nbops.FusedLinear`` (:func:`nbops.linear`'s epilogue). A Clip fuses
+  where its bounds are constants (attributes before opset 11, initializers
+  from 11) as ``("hardtanh", lo, hi)``, a missing bound infinite;
 * ``45`` a per-channel affine after a convolution or batch norm (``Mul``
   by, then ``Add`` of, constants of one value per channel, as Caffe2's
   converter writes DenseNet's batch norms) folded into the FusedConv's
-  weights and bias (a following Relu into its epilogue) or into the
+  weights and bias (a following Relu or Clip into its epilogue) or into the
   BatchNormalization's scale and bias;
 * ``46`` an inference-mode BatchNormalization of constant statistics whose
   only reader is a Relu into ``ai.nbops.ScaleShiftRelu`` (``relu(x * s +
   t)``, one fused pass instead of two);
-* ``50`` the residual Add after a FusedConv (``relu(conv(x) + r)``) into the
-  conv's epilogue (``residual=``);
+* ``50`` the residual Add after a FusedConv (``relu(conv(x) + r)``, or a
+  Clip after it) into the conv's epilogue (``residual=``);
 * ``35`` recognise LayerNorm (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt,
   Div [, Mul, Add]) and Gelu (Div by sqrt 2, Erf, Add 1, Mul, Mul 0.5)
   subgraphs and map them to single nodes run by nbops' kernels.
@@ -475,8 +477,52 @@ LINEAR_ACTIVATIONS = {
 }
 
 
+def _clip_bounds(graph, node):
+    """``(lo, hi)`` of a Clip node as floats, a missing bound -inf / +inf:
+    attributes before opset 11, optional inputs from 11, which must then be
+    one-element constants. None where they are not, or are NaN or out of
+    order (the node then runs on its own)."""
+    if node.opset < 11:
+        lo, hi = float(node.attrs.get("min", -np.inf)), float(node.attrs.get("max", np.inf))
+    else:
+        bounds = []
+        for i, missing in ((1, -np.inf), (2, np.inf)):
+            name = node.inputs[i] if len(node.inputs) > i else ""
+            c = graph.consts.get(name) if name else None
+            if name and (c is None or c.size != 1 or c.dtype.kind != "f"):
+                return None
+            bounds.append(missing if not name else float(c.reshape(-1)[0]))
+        lo, hi = bounds
+    if np.isnan(lo) or np.isnan(hi) or lo > hi:
+        return None
+    return lo, hi
+
+
+def _epilogue_activation(graph, node, conv=False):
+    """The activation a fused op's epilogue applies in place of ``node`` (the
+    only reader of its output), or None: for nbops.linear any of
+    ``LINEAR_ACTIVATIONS`` and Clip of constant bounds (``("hardtanh", lo,
+    hi)``); for a convolution Relu and Clip. ``Clip(0, +inf)`` is relu."""
+    if node is None:
+        return None
+    if node.op_type == "Clip" and node.domain == "":
+        bounds = _clip_bounds(graph, node)
+        if bounds is None:
+            return None
+        # Clip(+0.0, +inf) is relu, which the conv kernels apply themselves
+        relu = bounds == (0.0, np.inf) and not np.signbit(bounds[0])
+        return "relu" if relu else ("hardtanh",) + bounds
+    if conv:
+        return "relu" if node.op_type == "Relu" and node.domain == "" else None
+    if node.domain in ("", NBOPS_DOMAIN) and node.op_type in LINEAR_ACTIVATIONS and \
+            len(node.inputs) == 1:
+        return LINEAR_ACTIVATIONS[node.op_type](node.attrs)
+    return None
+
+
 def _fuse_ops(graph):
-    """Conv [+ Relu] -> FusedConv; Gemm / MatMul [+ Add bias] [+ act] -> FusedLinear."""
+    """Conv [+ Relu or Clip] -> FusedConv; Gemm / MatMul [+ Add bias] [+ act]
+    -> FusedLinear."""
     log = []
     counts = graph.use_count()
     consumers = graph.consumers()
@@ -493,12 +539,13 @@ def _fuse_ops(graph):
                               dict(n.attrs, activation=None), fused=n.fused,
                               input_dtypes=n.input_dtypes[:3])
             nxt = _only_reader(graph, n.outputs[0], counts, consumers)
-            if nxt is not None and nxt.op_type == "Relu" and nxt.domain == "":
-                fused.attrs["activation"] = "relu"
+            act = _epilogue_activation(graph, nxt, conv=True)
+            if act is not None:
+                fused.attrs["activation"] = act
                 fused.outputs = list(nxt.outputs)
                 fused.fused = fused.fused + nxt.fused
                 drop.add(id(nxt))
-                log.append(f"Conv {n.name!r} + Relu {nxt.name!r} -> FusedConv")
+                log.append(f"Conv {n.name!r} + {nxt.op_type} {nxt.name!r} -> FusedConv")
             else:
                 log.append(f"Conv {n.name!r} -> FusedConv")
             out_nodes.append(fused)
@@ -522,16 +569,12 @@ def _fuse_ops(graph):
                     drop.add(id(nxt))
                     desc.append(f"Add {nxt.name!r}")
                     nxt = _only_reader(graph, outs[0], counts, consumers)
-            act = None
-            if nxt is not None and nxt.domain in ("", NBOPS_DOMAIN) and \
-                    nxt.op_type in LINEAR_ACTIVATIONS \
-                    and len(nxt.inputs) == 1:
-                act = LINEAR_ACTIVATIONS[nxt.op_type](nxt.attrs)
-                if act is not None:
-                    outs = list(nxt.outputs)
-                    fused_names += nxt.fused
-                    drop.add(id(nxt))
-                    desc.append(f"{nxt.op_type} {nxt.name!r}")
+            act = _epilogue_activation(graph, nxt)
+            if act is not None:
+                outs = list(nxt.outputs)
+                fused_names += nxt.fused
+                drop.add(id(nxt))
+                desc.append(f"{nxt.op_type} {nxt.name!r}")
             attrs = dict(extra, activation=act)
             ins = [x, wname, bias or ""]
             out_nodes.append(make_node(graph, n.name, "FusedLinear", ins, outs, attrs,
@@ -603,8 +646,8 @@ def _as_linear(graph, n):
 def _fold_affine(graph):
     """FusedConv (no activation or residual yet) or BatchNormalization ->
     [Mul by a per-channel constant] -> [Add of one] (at least one of them),
-    folded into the convolution's weights and bias (and a Relu after them
-    into its epilogue) or into the batch norm's scale and bias."""
+    folded into the convolution's weights and bias (and a Relu or Clip after
+    them into its epilogue) or into the batch norm's scale and bias."""
     log = []
     counts = graph.use_count()
     consumers = graph.consumers()
@@ -662,8 +705,9 @@ def _fold_affine(graph):
         if conv:
             n.input_dtypes = (list(n.input_dtypes) + [ref.dtype] * 3)[:3]
             relu = _only_reader(graph, out, counts, consumers)
-            if relu is not None and relu.op_type == "Relu" and relu.domain == "":
-                n.attrs = dict(n.attrs, activation="relu")
+            act = _epilogue_activation(graph, relu, conv=True)
+            if act is not None:
+                n.attrs = dict(n.attrs, activation=act)
                 out = relu.outputs[0]
                 chain.append(relu)
         n.outputs = [out]
@@ -728,7 +772,7 @@ def _per_channel(c, channels, rank, dtype):
 
 
 def _fuse_residual(graph):
-    """FusedConv -> Add(other) [-> Relu] -> FusedConv(residual=other)."""
+    """FusedConv -> Add(other) [-> Relu or Clip] -> FusedConv(residual=other)."""
     log = []
     counts = graph.use_count()
     consumers = graph.consumers()
@@ -753,12 +797,13 @@ def _fuse_residual(graph):
                               input_dtypes=(conv.input_dtypes + [None, None])[:3] + [None])
             desc = f"{add.op_type} {add.name!r} into FusedConv {conv.name!r} (residual=)"
             nxt = _only_reader(graph, add.outputs[0], counts, consumers)
-            if nxt is not None and nxt.op_type == "Relu" and nxt.domain == "":
-                fused.attrs["activation"] = "relu"
+            act = _epilogue_activation(graph, nxt, conv=True)
+            if act is not None:
+                fused.attrs["activation"] = act
                 fused.outputs = list(nxt.outputs)
                 fused.fused += nxt.fused
                 drop.add(id(nxt))
-                desc += f" + Relu {nxt.name!r}"
+                desc += f" + {nxt.op_type} {nxt.name!r}"
             # the conv runs where the Add ran: both its input and the
             # residual exist by then
             replace[id(add)] = fused
