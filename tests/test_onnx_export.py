@@ -38,6 +38,10 @@ CASES = {
     "mlp": (lambda rng: nn.Sequential(
         nn.Linear(6, 8, rng=rng), nn.Swish(beta=1.5), nn.Linear(8, 8, rng=rng),
         nn.GELU(approximate="tanh"), nn.Linear(8, 4, rng=rng), nn.Softmax(-1)), (3, 6)),
+    "clip": (lambda rng: nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1, rng=rng), nn.ReLU6(), nn.Flatten(),
+        nn.Linear(4 * 6 * 6, 5, rng=rng), nn.Hardtanh(-0.2, np.inf), nn.Linear(5, 3, rng=rng),
+        nn.Hardtanh(-0.1, 0.1)), (2, 1, 6, 6)),
     "transformer": (lambda rng: nn.Sequential(
         nn.Linear(8, 16, rng=rng),
         nn.TransformerEncoderLayer(16, 4, dim_feedforward=24, rng=rng),
@@ -85,6 +89,24 @@ def test_export_keeps_the_training_flag_and_returns_a_proto_without_path():
     assert model.training is True
     assert [n.op_type for n in proto.graph.node] == ["Gemm", "Relu"]
     assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+
+
+def test_hardtanh_exports_as_clip_that_fuses_back():
+    # ReLU6 and Hardtanh as Clip (an infinite bound left out), which the
+    # session puts back into the conv and the GEMMs
+    model, x, ref = _model("clip")
+    proto = export(model, x)
+    clips = [n for n in proto.graph.node if n.op_type == "Clip"]
+    assert [len(n.input) for n in clips] == [3, 2, 3]
+    sess = InferenceSession(proto)
+    assert [n.op_type for n in sess.plan.nodes] == ["FusedConv", "Flatten", "FusedLinear",
+                                                    "FusedLinear"]
+    acts = [n.attrs["activation"] for n in sess.plan.nodes if "activation" in n.attrs]
+    f32 = lambda v: float(np.float32(v))  # noqa: E731  (the bounds are float32 constants)
+    assert acts == [("hardtanh", 0.0, 6.0), ("hardtanh", f32(-0.2), np.inf),
+                    ("hardtanh", f32(-0.1), f32(0.1))]
+    np.testing.assert_allclose(sess.run(None, {"input": x})[0], ref, rtol=1e-4, atol=1e-5)
+    assert np.abs(ref).max() == np.float32(0.1)  # a bound was reached
 
 
 def test_export_opsets():

@@ -9,7 +9,8 @@ nbops.onnx and in onnxruntime.
 
 Layers: Linear, Conv1d, Conv2d, FusedConv (a folded conv-bn[-relu] from
 :func:`nbops.nn.fuse_modules`), BatchNorm1d/2d (eval), ReLU, GELU (exact and
-tanh), SiLU, Sigmoid, Tanh, Swish, Dropout and Identity (eval: nothing),
+tanh), SiLU, Sigmoid, Tanh, Swish, Hardtanh and ReLU6 (Clip), Dropout and
+Identity (eval: nothing),
 MaxPool1d/2d, AvgPool1d/2d, AdaptiveAvgPool1d/2d (global, or a divisible
 output size), Flatten, Softmax, LogSoftmax, LayerNorm, RMSNorm,
 MultiheadAttention (self-attention over a batch-first 3-D input),
@@ -314,6 +315,15 @@ def _swish(g, m, x, value, where):
     return g.node("Mul", [x, g.node("Sigmoid", [bx], where)], where)
 
 
+def _hardtanh(g, m, x, value, where):
+    # Clip's bounds are inputs from opset 11; an infinite one is left out
+    bounds = [g.const(v, k) if math.isfinite(v) else ""
+              for k, v in (("min", m.kwargs["min_val"]), ("max", m.kwargs["max_val"]))]
+    while bounds and not bounds[-1]:
+        bounds.pop()
+    return g.node("Clip", [x] + bounds, where)
+
+
 def _identity(g, m, x, value, where):
     return x
 
@@ -463,7 +473,8 @@ _EMITTERS = {
     "Linear": _linear, "Conv1d": _conv, "Conv2d": _conv, "FusedConv": _conv,
     "BatchNorm1d": _batch_norm, "BatchNorm2d": _batch_norm,
     "ReLU": _unary("Relu"), "Sigmoid": _unary("Sigmoid"), "Tanh": _unary("Tanh"),
-    "GELU": _gelu, "SiLU": _silu, "Swish": _swish, "Dropout": _identity,
+    "GELU": _gelu, "SiLU": _silu, "Swish": _swish, "Hardtanh": _hardtanh,
+    "ReLU6": _hardtanh, "Dropout": _identity,
     "Identity": _identity,
     "MaxPool1d": _pool("MaxPool"), "MaxPool2d": _pool("MaxPool"),
     "AvgPool1d": _pool("AveragePool"), "AvgPool2d": _pool("AveragePool"),
