@@ -197,6 +197,22 @@ def _refuse(*args, **kwargs):
     raise AssertionError("a host copy or a CPU kernel was used for a device matrix")
 
 
+def _refuse_host_paths(mp, uploads=True):
+    """Make every device-to-host copy (and with ``uploads`` every upload)
+    and every CPU sparse kernel raise, within ``mp`` (a monkeypatch context)."""
+    from numba import cuda
+
+    from nbops import _dispatch
+
+    mp.setattr(_dispatch, "to_host", _refuse)
+    mp.setattr(type(cuda.device_array(1)), "copy_to_host", _refuse)
+    if uploads:
+        mp.setattr(_dispatch, "to_device", _refuse)
+        mp.setattr(cuda, "to_device", _refuse)
+    for key in [k for k in _dispatch._KERNELS if k[0].startswith("sparse.") and k[1] == "cpu"]:
+        mp.setitem(_dispatch._KERNELS, key, _refuse)
+
+
 def _same_csr(got, want):
     assert got.device == "cuda" and got.shape == want.shape
     for name in ("data", "indices", "indptr"):
@@ -210,29 +226,23 @@ def _same_csr(got, want):
 @pytest.mark.parametrize("index", INDEX)
 def test_structure_ops_stay_on_the_device(index, monkeypatch):
     """Transpose, sort_indices, sum_duplicates, the canonical-format test,
-    row lengths and add run as CUDA kernels: with every host copy, upload and
-    CPU sparse kernel refused, their results equal the CPU's exactly."""
-    from numba import cuda
-
-    from nbops import _dispatch
-
+    row lengths, add, validation on construction and from_dense run as CUDA
+    kernels: with every host copy, upload and CPU sparse kernel refused,
+    their results equal the CPU's exactly."""
     for name, A in _structure_cases(index).items():
         D = A.to_device()
         with monkeypatch.context() as mp:
-            mp.setattr(_dispatch, "to_host", _refuse)
-            mp.setattr(_dispatch, "to_device", _refuse)
-            mp.setattr(cuda, "to_device", _refuse)
-            mp.setattr(type(D.indices), "copy_to_host", _refuse)
-            for key in [k for k in _dispatch._KERNELS if k[0].startswith("sparse.")
-                        and k[1] == "cpu"]:
-                mp.setitem(_dispatch._KERNELS, key, _refuse)
+            _refuse_host_paths(mp)
             got = dict(T=D.T, TT=D.T.T, sorted=D.sort_indices(), summed=D.sum_duplicates(),
-                       added=sparse.add(D, D, 1.0, 0.5))
+                       added=sparse.add(D, D, 1.0, 0.5),
+                       checked=sparse.CSRMatrix(D.data, D.indices, D.indptr, D.shape),
+                       dense=sparse.from_dense(D.to_dense(), index_dtype=index))
             canonical = D.has_canonical_format
             lengths = D.row_lengths()
-            assert _dispatch.is_device_array(lengths)
+            assert nbops._dispatch.is_device_array(lengths)
         want = dict(T=A.T, TT=A.T.T, sorted=A.sort_indices(), summed=A.sum_duplicates(),
-                    added=sparse.add(A, A, 1.0, 0.5))
+                    added=sparse.add(A, A, 1.0, 0.5), checked=A,
+                    dense=sparse.from_dense(A.to_dense(), index_dtype=index))
         for op in got:
             _same_csr(got[op], want[op])
         assert canonical == A.has_canonical_format == (name not in ("messy", "long-row",
@@ -547,6 +557,49 @@ def _build(**over):
 def test_construction_errors(over, exc, match):
     with pytest.raises(exc, match=match):
         _build(**over)
+
+
+@pytest.mark.parametrize("dtype", VALUES)
+def test_gcn_norm_and_int8_to_dense_stay_on_the_device(dtype, monkeypatch):
+    """Degrees are inverted and int8 values dequantized on the device (the
+    identity and the vector of ones are uploads of constants, allowed)."""
+    S = random_csr(15, 15, 0.2, dtype, seed=9)
+    S = sp.csr_array((S + S.T).astype(dtype))
+    A = sparse.from_scipy(S)
+    q = np.random.default_rng(14).integers(-127, 128, S.nnz).astype(np.int8)
+    Q = sparse.CSRMatrix(q, S.indices, S.indptr, S.shape, scale=0.05)
+    D, QD = A.to_device(), Q.to_device()
+    with monkeypatch.context() as mp:
+        _refuse_host_paths(mp, uploads=False)
+        G = sparse.gcn_norm(D)
+        dense = QD.to_dense()
+        assert nbops._dispatch.is_device_array(dense)
+    want = sparse.gcn_norm(A)
+    for name in ("indices", "indptr"):
+        np.testing.assert_array_equal(host(getattr(G, name)), getattr(want, name))
+    assert G.dtype == dtype and G.device == "cuda"
+    _close(G.data, want.data, dtype)
+    got = host(dense)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, Q.to_dense())
+
+
+@pytest.mark.parametrize("over,match", [
+    (dict(indptr=np.array([1, 2, 3])), r"indptr\[0\] must be 0, got 1"),
+    (dict(indptr=np.array([0, 3, 2, 3]), shape=(3, 3)),
+     r"indptr\[1\] = 3 > indptr\[2\] = 2 \(row 1\)"),
+    (dict(indptr=np.array([0, 2, 2])), r"indptr\[-1\] must equal nnz = 3, got 2"),
+    (dict(indices=np.array([0, 3, 1])), r"indices\[1\] = 3 \(row 0\) is out of range"),
+    (dict(indices=np.array([0, 1, -1], np.int32), indptr=np.array([0, 2, 3], np.int32)),
+     r"indices\[2\] = -1 \(row 1\)"),
+])
+def test_structure_errors_on_the_device(over, match):
+    kw = {**P, **over}
+    with pytest.raises(ValueError, match=match):
+        sparse.CSRMatrix(*(to_dev(kw[k], "cuda") for k in ("data", "indices", "indptr")),
+                         kw["shape"])
+    with pytest.raises(ValueError, match=match):
+        sparse.CSRMatrix(kw["data"], kw["indices"], kw["indptr"], kw["shape"])
 
 
 @st.composite

@@ -48,7 +48,8 @@ from_scipy = CSRMatrix.from_scipy
 
 for _k in ("spmv", "spmm", "sddmm", "row_softmax", "row_softmax_backward", "scale",
            "to_dense", "gather", "scatter", "add", "expand_rows", "counting_sort",
-           "canonicalize", "is_canonical", "row_lengths"):
+           "canonicalize", "is_canonical", "row_lengths", "check_structure", "from_dense",
+           "inv_sqrt", "dequantize"):
     _dispatch.register_kernel("sparse." + _k, _dispatch.CPU, f"nbops.sparse.cpu:{_k}")
     _dispatch.register_kernel("sparse." + _k, _dispatch.CUDA, f"nbops.sparse.cuda:{_k}")
 del _k
@@ -448,11 +449,8 @@ def gcn_norm(A, add_self_loops=True):
         eye = CSRMatrix(np.ones(n, A.dtype), np.arange(n, dtype=A.index_dtype),
                         np.arange(n + 1, dtype=A.index_dtype), A.shape, check=False)
         A = add(A, eye.to_device() if A.device == _dispatch.CUDA else eye)
-    deg = _dispatch.to_host(mv(A, _ones(A.shape[1], A.dtype, A.device)))
-    with np.errstate(divide="ignore"):
-        inv = np.where(deg > 0, 1.0 / np.sqrt(deg), 0.0).astype(A.dtype)
-    if A.device == _dispatch.CUDA:
-        inv = _dispatch.to_device(inv)
+    deg = mv(A, _ones(A.shape[1], A.dtype, A.device))
+    inv = _kernel("inv_sqrt", A.device)(deg, _checks.empty(deg.shape, deg.dtype, A.device))
     return A._like(scale_values(raw(A.data), A.indices, A.indptr, A.shape, inv, inv))
 
 
@@ -468,7 +466,7 @@ def to_dense(A, out=None):
     _matrix(op, "A", A)
     data = raw(A.data)
     if data.dtype == np.int8:
-        host = _dispatch.to_host(data).astype(np.float32) * np.float32(A.scale)
-        data = host if A.device == _dispatch.CPU else _dispatch.to_device(host)
+        data = _kernel("dequantize", A.device)(
+            data, A.scale, _checks.empty(data.shape, np.float32, A.device))
     out = _checks.output(op, out, A.shape, data.dtype, A.device, {"A.data": data})
     return _kernel("to_dense", A.device)(data, A.indices, A.indptr, out)

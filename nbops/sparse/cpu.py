@@ -35,7 +35,8 @@ from ..cpu._memory import prefetch_line, splat, stream_affine, streams
 
 __all__ = ["spmv", "spmm", "sddmm", "row_softmax", "row_softmax_backward", "scale",
            "to_dense", "gather", "scatter", "counting_sort", "canonicalize", "add",
-           "expand_rows", "is_canonical", "row_lengths"]
+           "expand_rows", "is_canonical", "row_lengths", "check_structure", "from_dense",
+           "inv_sqrt", "dequantize"]
 
 
 def _n_chunks(items):
@@ -717,6 +718,41 @@ def canonicalize(data, indices, indptr, merge):
     new_indices = np.empty(nnz, indices.dtype)
     _canonical_fill(data, indices, indptr, order, merge, new_ptr, new_data, new_indices, n_chunks)
     return new_data, new_indices, new_ptr
+
+
+def check_structure(indices, indptr, n_cols):
+    """``(r, k, row)``: the first ``r`` with ``indptr[r + 1] < indptr[r]``,
+    the first ``k`` with ``indices[k]`` outside ``[0, n_cols)`` and the row
+    holding it (as ``indptr`` says); -1 for none."""
+    drops = np.flatnonzero(indptr[1:] < indptr[:-1])
+    bad = np.flatnonzero((indices < 0) | (indices >= n_cols))
+    if not bad.size:
+        return (int(drops[0]) if drops.size else -1), -1, -1
+    k = int(bad[0])
+    return ((int(drops[0]) if drops.size else -1), k,
+            int(np.searchsorted(indptr, k, side="right") - 1))
+
+
+def from_dense(a, index_dtype):
+    """``(data, indices, indptr)`` of the nonzero entries of a 2-D array
+    (NaN counts as nonzero), row by row, columns increasing."""
+    rows, cols = np.nonzero(a)
+    ptr = np.zeros(a.shape[0] + 1, index_dtype)
+    np.cumsum(np.bincount(rows, minlength=a.shape[0]), out=ptr[1:])
+    return a[rows, cols], cols.astype(index_dtype), ptr
+
+
+def inv_sqrt(x, out):
+    """``out = 1 / sqrt(x)`` where ``x > 0``, else 0 (GCN degree scaling)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        np.copyto(out, np.where(x > 0, 1.0 / np.sqrt(x), 0.0))
+    return out
+
+
+def dequantize(data, scale, out):
+    """``out = float32(data) * float32(scale)`` for int8 values."""
+    np.multiply(data.astype(np.float32), np.float32(scale), out=out)
+    return out
 
 
 def is_canonical(indices, indptr):

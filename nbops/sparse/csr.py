@@ -4,8 +4,7 @@ Structure operations (transpose, canonical form, the canonical-format test,
 row lengths, conversion from COO) reach their kernels through the registry
 (``"sparse.<kernel>"``) like every other operator, so a matrix on the GPU
 stays there; a transposed structure is built once per pattern and cached.
-Content validation (``check=True``) and :meth:`CSRMatrix.from_dense` of a
-device array still work on a host copy.
+Launchers that size an output by its contents read back one scalar.
 """
 
 import weakref
@@ -95,24 +94,21 @@ def validate(op, data, indices, indptr, shape, scale):
 
 
 def check_structure(op, indices, indptr, shape):
-    """The O(nnz) checks of the contents (on a host copy for device arrays)."""
-    ptr = _host(indptr)
-    ind = _host(indices)
-    nnz = ind.shape[0]
-    if ptr[0] != 0:
-        raise ValueError(f"{op}: indptr[0] must be 0, got {ptr[0]}")
-    drops = np.flatnonzero(ptr[1:] < ptr[:-1])
-    if drops.size:
-        r = int(drops[0])
-        raise ValueError(f"{op}: indptr must be non-decreasing, but indptr[{r}] = {ptr[r]} > "
-                         f"indptr[{r + 1}] = {ptr[r + 1]} (row {r})")
-    if ptr[-1] != nnz:
-        raise ValueError(f"{op}: indptr[-1] must equal nnz = {nnz}, got {ptr[-1]}")
-    bad = np.flatnonzero((ind < 0) | (ind >= shape[1]))
-    if bad.size:
-        k = int(bad[0])
-        row = int(np.searchsorted(ptr, k, side="right") - 1)
-        raise ValueError(f"{op}: indices[{k}] = {ind[k]} (row {row}) is out of range "
+    """The O(nnz) checks of the contents, by the registered kernel of the
+    arrays' device (a device reads back a few scalars)."""
+    nnz = indices.shape[0]
+    first, last = int(indptr[0]), int(indptr[indptr.shape[0] - 1])
+    if first != 0:
+        raise ValueError(f"{op}: indptr[0] must be 0, got {first}")
+    r, k, row = _kernel("check_structure", _dispatch.device_of_array(indices))(
+        indices, indptr, shape[1])
+    if r >= 0:
+        raise ValueError(f"{op}: indptr must be non-decreasing, but indptr[{r}] = "
+                         f"{int(indptr[r])} > indptr[{r + 1}] = {int(indptr[r + 1])} (row {r})")
+    if last != nnz:
+        raise ValueError(f"{op}: indptr[-1] must equal nnz = {nnz}, got {last}")
+    if k >= 0:
+        raise ValueError(f"{op}: indices[{k}] = {int(indices[k])} (row {row}) is out of range "
                          f"[0, {shape[1]})")
 
 
@@ -139,8 +135,8 @@ class CSRMatrix:
         Each value is ``scale * data[k]`` (pruned, quantized weights).
     check : bool, default True
         Validate the contents: ``indptr`` starts at 0, never decreases and
-        ends at nnz; every column index is in ``[0, cols)``. O(nnz), on a host
-        copy for device arrays. ``check=False`` trusts the caller (types,
+        ends at nnz; every column index is in ``[0, cols)``. O(nnz), on the
+        arrays' device. ``check=False`` trusts the caller (types,
         dtypes and lengths are still checked: they cost nothing).
 
     Arrays are kept as given (no copy), on the device they live on; all
@@ -297,19 +293,19 @@ class CSRMatrix:
     @classmethod
     def from_dense(cls, a, index_dtype=np.int64):
         """CSR of the nonzero entries of a 2-D float array (NaN counts as
-        nonzero). A device array is converted on the host and the result
-        moved back."""
+        nonzero, -0.0 does not), canonical, on ``a``'s device; ``index_dtype``
+        int32 or int64."""
         op = "CSRMatrix.from_dense"
         a = _checks.array(op, "a", a)
         if a.ndim != 2:
             raise ValueError(f"{op}: 'a' must be 2-D, got shape {tuple(a.shape)}")
-        host = _host(a)
-        rows, cols = np.nonzero(host)
-        ptr = np.zeros(host.shape[0] + 1, index_dtype)
-        np.cumsum(np.bincount(rows, minlength=host.shape[0]), out=ptr[1:])
-        m = cls(host[rows, cols], cols.astype(index_dtype), ptr, host.shape, check=False)
+        idt = np.dtype(index_dtype)
+        if idt not in INDEX_DTYPES:
+            raise TypeError(f"{op}: 'index_dtype' must be int32 or int64, got {idt}")
+        data, ind, ptr = _kernel("from_dense", _dispatch.device_of_array(a))(a, idt)
+        m = cls(data, ind, ptr, tuple(a.shape), check=False)
         m._canonical = True
-        return m.to_device() if _dispatch.is_device_array(a) else m
+        return m
 
     @classmethod
     def from_scipy(cls, m, check=True):

@@ -33,7 +33,8 @@ from ..cuda._launch import THREADS, grid_1d
 
 __all__ = ["spmv", "spmm", "sddmm", "row_softmax", "row_softmax_backward", "scale",
            "to_dense", "gather", "scatter", "add", "expand_rows", "counting_sort",
-           "canonicalize", "is_canonical", "row_lengths", "group_size"]
+           "canonicalize", "is_canonical", "row_lengths", "check_structure", "from_dense",
+           "inv_sqrt", "dequantize", "group_size"]
 
 
 def group_size(avg):
@@ -562,4 +563,105 @@ def row_lengths(indptr, out):
     """``out[r] = indptr[r + 1] - indptr[r]`` (out int64)."""
     if out.size:
         _row_lengths[grid_1d(out.size)](indptr, out)
+    return out
+
+
+@cuda.jit
+def _first_bad(indices, indptr, n_cols, found):
+    # found[0]: first row whose pointer decreases; found[1]: first column
+    # index out of range (atomic minima, left at their start when none)
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for r in range(start, indptr.size - 1, step):
+        if indptr[r + 1] < indptr[r]:
+            cuda.atomic.min(found, 0, r)
+    for k in range(start, indices.size, step):
+        if indices[k] < 0 or indices[k] >= n_cols:
+            cuda.atomic.min(found, 1, k)
+
+
+def check_structure(indices, indptr, n_cols):
+    """See :func:`nbops.sparse.cpu.check_structure`; two scalars read back
+    (the row of a bad index, on that error path only, from a host copy)."""
+    none = np.iinfo(np.int64).max
+    found = cuda.device_array(2, np.int64)
+    _fill[grid_1d(2)](found, none)
+    _first_bad[grid_1d(max(indices.size, indptr.size))](indices, indptr, n_cols, found)
+    r, k = int(found[0]), int(found[1])
+    r = -1 if r == none else r
+    if k == none:
+        return r, -1, -1
+    return r, k, int(np.searchsorted(indptr.copy_to_host(), k, side="right") - 1)
+
+
+@cuda.jit
+def _count_nonzero(a, ptr):
+    # one thread per row: ptr[r + 1] = entries of row r that are not zero (NaN is not)
+    for r in range(cuda.grid(1), a.shape[0], cuda.gridsize(1)):
+        c = 0
+        for j in range(a.shape[1]):
+            if a[r, j] != 0:
+                c += 1
+        ptr[r + 1] = c
+        if r == 0:
+            ptr[0] = 0
+
+
+@cuda.jit
+def _take_nonzero(a, ptr, data, indices):
+    for r in range(cuda.grid(1), a.shape[0], cuda.gridsize(1)):
+        p = ptr[r]
+        for j in range(a.shape[1]):
+            if a[r, j] != 0:
+                data[p] = a[r, j]
+                indices[p] = j
+                p += 1
+
+
+def from_dense(a, index_dtype):
+    """See :func:`nbops.sparse.cpu.from_dense`: counts per row, a device
+    scan, then the copy; the nnz is read back to size the arrays."""
+    rows = a.shape[0]
+    ptr = cuda.device_array(rows + 1, index_dtype)
+    if rows:
+        _count_nonzero[grid_1d(rows)](a, ptr)
+    else:
+        _fill[grid_1d(1)](ptr, 0)
+    _inclusive_scan(ptr)
+    nnz = int(ptr[rows])
+    data = cuda.device_array(nnz, a.dtype)
+    indices = cuda.device_array(nnz, index_dtype)
+    if nnz:
+        _take_nonzero[grid_1d(rows)](a, ptr, data, indices)
+    return data, indices, ptr
+
+
+@cuda.jit
+def _inv_sqrt(x, one, out):
+    # one: 1 in x's dtype, so float32 divides in float32 as NumPy does
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        v = x[i]
+        if v > 0:
+            out[i] = one / math.sqrt(v)
+        else:
+            out[i] = 0
+
+
+def inv_sqrt(x, out):
+    """See :func:`nbops.sparse.cpu.inv_sqrt`."""
+    if x.size:
+        _inv_sqrt[grid_1d(x.size)](x, x.dtype.type(1), out)
+    return out
+
+
+@cuda.jit
+def _dequantize(data, scale, out):
+    for i in range(cuda.grid(1), data.size, cuda.gridsize(1)):
+        out[i] = np.float32(data[i]) * scale
+
+
+def dequantize(data, scale, out):
+    """See :func:`nbops.sparse.cpu.dequantize`."""
+    if data.size:
+        _dequantize[grid_1d(data.size)](data, np.float32(scale), out)
     return out
