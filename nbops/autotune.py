@@ -20,6 +20,12 @@ running process only). Example::
 
     run(a, b, out, m=512, n=512, k=512)   # tunes once, then reuses
 
+Where some configs cannot run some calls (an algorithm with an
+applicability rule), the caller passes ``applies=`` (a predicate over
+configs) to :meth:`Autotuner.config_for`: only the configs it accepts are
+timed and chosen, an entry that timed more of them serves, and one that
+misses a candidate is tuned again (the convolution's planner does so).
+
 The module itself is callable, so ``nbops.autotune(configs=..., key=...)``
 is the same decorator.
 
@@ -274,6 +280,7 @@ class Autotuner:
         self._memory = {}      # (device, key) -> entry
         self._chosen = {}      # (gpu, dtype, key values, only) -> config, see config_for
         self._loaded = {}      # device -> entries read from disk
+        self._masks = {}       # applies rule -> (configs, mask, candidates), see _candidates
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -314,38 +321,49 @@ class Autotuner:
                         and (t[1] is None or isinstance(t[1], (int, float)))
                         for t in entry["times"]))
 
-    def _other_candidates(self, entry):
-        """Whether a stored (valid) entry timed another list of configs than
-        this tuner's (a candidate added or removed since it was tuned): its
-        choice is then made again rather than trusted."""
+    def _other_candidates(self, entry, candidates=None):
+        """Whether a stored (valid) entry cannot serve a call whose
+        candidates are ``candidates`` (None: all of this tuner's configs):
+        it timed a config this tuner no longer has, or misses one of the
+        candidates (a config added since, or one that did not apply to the
+        shape it was tuned on); its choice is then made again rather than
+        trusted. An entry that timed more than the candidates (tuned on a
+        shape of the same key where more configs applied) serves: the
+        choice is made among the candidates."""
         timed = [config for config, _ in entry["times"]]
-        return len(timed) != len(self.configs) or any(c not in timed for c in self.configs)
+        wanted = self.configs if candidates is None else candidates
+        return any(c not in self.configs for c in timed) or any(c not in timed for c in wanted)
 
-    def lookup(self, key, device):
-        """The stored entry for ``key`` on ``device`` (memory, then disk), or None."""
+    def lookup(self, key, device, candidates=None):
+        """The stored entry for ``key`` on ``device`` (memory, then disk)
+        that can serve ``candidates`` (see :meth:`_other_candidates`), or None."""
         entry = self._memory.get((device, key))
-        if entry is not None:
-            return entry
-        if device not in self._loaded:
-            self._loaded[device] = _load(cache_path(device), device)
-        entry = self._loaded[device].get(key)
         if entry is None:
+            if device not in self._loaded:
+                self._loaded[device] = _load(cache_path(device), device)
+            entry = self._loaded[device].get(key)
+            if entry is None:
+                return None
+            if not self._valid(entry):  # warns, then tunes again
+                warnings.warn(f"nbops.autotune: ignoring malformed cache entry {key!r} in "
+                              f"{cache_path(device)}", AutotuneCacheWarning, stacklevel=3)
+                return None
+        if self._other_candidates(entry, candidates):
+            # tuned before the candidates changed, or on a shape of this key
+            # where one of this call's candidates did not apply: tune again
             return None
-        if not self._valid(entry):  # warns, then tunes again
-            warnings.warn(f"nbops.autotune: ignoring malformed cache entry {key!r} in "
-                          f"{cache_path(device)}", AutotuneCacheWarning, stacklevel=3)
-            return None
-        if self._other_candidates(entry):
-            return None     # tuned before the candidates changed: tune again
         self._memory[(device, key)] = entry
         return entry
 
     @staticmethod
-    def best_of(entry, only=None):
-        """The fastest config in ``entry`` matching all items of ``only``."""
+    def best_of(entry, only=None, candidates=None):
+        """The fastest config in ``entry`` matching all items of ``only``
+        and, where ``candidates`` (a list of configs) is given, among them."""
         best = None
         for config, seconds in entry["times"]:
             if only and any(config.get(k) != v for k, v in only.items()):
+                continue
+            if candidates is not None and config not in candidates:
                 continue
             if seconds is not None and (best is None or seconds < best[1]):
                 best = (config, seconds)
@@ -356,8 +374,10 @@ class Autotuner:
     def _call(self, args, kwargs, config):
         self.fn(*args, **kwargs, **config)
 
-    def tune(self, args, kwargs, key=None, device=None):
-        """Time every config on these arguments; store and return the entry.
+    def tune(self, args, kwargs, key=None, device=None, candidates=None):
+        """Time every config (or every one of ``candidates``, a list of
+        configs: those that apply to this call) on these arguments; store
+        and return the entry, which holds the timings of those alone.
 
         Every config first runs ``warmup`` times (compiling it) and then
         for at least ``WARM_UP`` seconds (see there); then ``repeat`` rounds
@@ -372,9 +392,12 @@ class Autotuner:
         """
         key = key or self.key_of(args, kwargs)
         device = device or self._device(args, kwargs)
+        configs = self.configs if candidates is None else list(candidates)
+        if not configs:
+            raise ValueError(f"autotune: {self.name}: no candidate config to time")
         load = _LoadWatch()
         samples, errors = {}, []
-        for i, config in enumerate(self.configs):
+        for i, config in enumerate(configs):
             try:
                 for _ in range(self.warmup):
                     self._call(args, kwargs, config)
@@ -385,7 +408,7 @@ class Autotuner:
             end = time.perf_counter() + WARM_UP
             while time.perf_counter() < end:
                 for i in samples:
-                    self._call(args, kwargs, self.configs[i])
+                    self._call(args, kwargs, configs[i])
                     if time.perf_counter() >= end:
                         break
         order = list(samples)
@@ -395,13 +418,13 @@ class Autotuner:
                 break
             for i in (order if r % 2 == 0 else order[::-1]):
                 t0 = time.perf_counter()
-                self._call(args, kwargs, self.configs[i])
+                self._call(args, kwargs, configs[i])
                 samples[i].append(time.perf_counter() - t0)
                 spent += samples[i][-1]
             if spent > 2.0 and r >= 2:
                 break
         times = [[config, statistics.median(samples[i]) if i in samples else None]
-                 for i, config in enumerate(self.configs)]
+                 for i, config in enumerate(configs)]
         if all(t is None for _, t in times):
             raise errors[0]
         entry = {"config": self.best_of({"times": times}), "times": times}
@@ -416,23 +439,37 @@ class Autotuner:
                       "kept for this process only", self.name, key, 100 * others)
         return entry
 
-    def config_for(self, args, kwargs, only=None, gpu=None):
+    def config_for(self, args, kwargs, only=None, gpu=None, applies=None):
         """The config a call uses: the default when tuning is off, else the
         best stored (tuning first if the key is new) among those matching
-        ``only``."""
+        ``only``.
+
+        ``applies``, a function of a config returning whether it can run
+        this call (an operator's applicability rules, see
+        :func:`nbops.conv.plan_conv`), limits the candidates: only configs
+        it accepts are timed or chosen. With tuning off the default is used
+        where it applies (and matches ``only``), else the first config that
+        does; ValueError where none does.
+        """
         if not enabled():
             cfg = self.default
-            if only and any(cfg.get(k) != v for k, v in only.items()):
-                cfg = next(c for c in self.configs
-                           if all(c.get(k) == v for k, v in only.items()))
+            if (only and any(cfg.get(k) != v for k, v in only.items())
+                    or applies is not None and not applies(cfg)):
+                cfg = next((c for c in self.configs
+                            if all(c.get(k) == v for k, v in (only or {}).items())
+                            and (applies is None or applies(c))), None)
+                if cfg is None:
+                    raise ValueError(f"autotune: {self.name}: no config matches {only} and "
+                                     f"applies to this call")
             return cfg
+        mask, candidates = self._candidates(applies)
         memo = None
         if gpu is not None and "dtype" in kwargs:
             # a caller that knows the device: a key tuple instead of a key
             # string, the device scan and the entry search (~15 us per call)
             try:
                 memo = (gpu, kwargs["dtype"], tuple(kwargs[k] for k in self.key),
-                        tuple(only.items()) if only else ())
+                        tuple(only.items()) if only else (), mask)
                 cfg = self._chosen.get(memo)
             except (KeyError, TypeError):  # a key argument missing or unhashable
                 memo = cfg = None
@@ -440,13 +477,16 @@ class Autotuner:
                 return cfg
         key = self.key_of(args, kwargs)
         device = device_name(gpu=gpu) if gpu is not None else self._device(args, kwargs)
-        entry = self.lookup(key, device) or self.tune(args, kwargs, key, device)
-        cfg = self.best_of(entry, only)
+        if candidates is not None and not candidates:
+            raise ValueError(f"autotune: {self.name}: no config applies to this call")
+        entry = self.lookup(key, device, candidates) or \
+            self.tune(args, kwargs, key, device, candidates)
+        cfg = self.best_of(entry, only, candidates)
         if cfg is None and only:
             # the configs asked for failed (or went untimed) when this key was
             # tuned, perhaps for a passing reason: run the first of them, whose
             # own error then says why if it fails again
-            cfg = next((c for c in self.configs
+            cfg = next((c for c in (self.configs if candidates is None else candidates)
                         if all(c.get(k) == v for k, v in only.items())), None)
         if cfg is None:
             raise ValueError(f"autotune: {self.name}: no config matches {only}")
@@ -454,11 +494,27 @@ class Autotuner:
             self._chosen[memo] = cfg
         return cfg
 
-    def run(self, args, kwargs, only=None, gpu=None):
+    def _candidates(self, applies):
+        """``(mask, candidates)``: which configs ``applies`` accepts, as
+        flags over :attr:`configs` and as a list (``((), None)`` without a
+        rule); remembered per rule object, so that a caller passing one
+        rule per shape pays its calls once (~0.5 us each)."""
+        if applies is None:
+            return (), None
+        hit = self._masks.get(applies)
+        if hit is None or hit[0] is not self.configs:
+            if len(self._masks) >= 4096:
+                self._masks.clear()
+            mask = tuple(bool(applies(c)) for c in self.configs)
+            hit = self._masks[applies] = (
+                self.configs, mask, [c for c, ok in zip(self.configs, mask) if ok])
+        return hit[1], hit[2]
+
+    def run(self, args, kwargs, only=None, gpu=None, applies=None):
         """Call the function with the chosen config (see :meth:`config_for`);
         ``gpu`` (True/False), where the caller knows it, saves looking for
         device arrays among the arguments."""
-        return self.fn(*args, **kwargs, **self.config_for(args, kwargs, only, gpu))
+        return self.fn(*args, **kwargs, **self.config_for(args, kwargs, only, gpu, applies))
 
     def __call__(self, *args, **kwargs):
         return self.run(args, kwargs)
@@ -468,6 +524,7 @@ class Autotuner:
         self._memory.clear()
         self._loaded.clear()
         self._chosen.clear()
+        self._masks.clear()
 
 
 def autotune(configs, key, default=None, name=None, warmup=1, repeat=5, bucket=True):

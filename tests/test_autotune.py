@@ -261,3 +261,86 @@ def test_gemm_is_tuned_and_impl_is_respected(monkeypatch):
                                             "dtype": "float64"}, only={"impl": "nbops"})
     assert only == linalg.DEFAULT_CONFIG
     linalg._cpu_gemm.clear()
+
+
+def test_only_configs_that_apply_are_timed_and_chosen():
+    calls = []
+    f = make_tuner(calls)
+    x = np.ones(3, np.float32)
+
+    def no_fast(c):
+        return c["delay"] != 0.0
+
+    assert f.config_for((x,), {"n": 5}, applies=no_fast) == {"delay": 0.02}
+    assert set(calls) == {0.04, 0.02}                   # the other one never ran
+    (key, entry), = json.load(open(at.cache_path()))["entries"].items()
+    assert [c for c, _ in entry["times"]] == [{"delay": 0.04}, {"delay": 0.02}]
+    calls.clear()
+    # a call where every config applies: the entry misses one, tuned again
+    assert f.config_for((x,), {"n": 5}) == {"delay": 0.0}
+    assert set(calls) == {0.04, 0.0, 0.02}
+    calls.clear()
+    # an entry that timed more serves: the fastest that applies, no timing
+    assert f.config_for((x,), {"n": 6}, applies=no_fast) == {"delay": 0.02}
+    assert make_tuner(calls).config_for((x,), {"n": 6}, applies=no_fast) == {"delay": 0.02}
+    assert calls == []
+    # the remembered choices of a caller that knows its device keep them apart
+    kw = {"n": 5, "dtype": "float32"}
+    assert f.config_for((x,), kw, gpu=False, applies=no_fast) == {"delay": 0.02}
+    assert f.config_for((x,), kw, gpu=False) == {"delay": 0.0}
+    assert f.config_for((x,), kw, gpu=False, applies=no_fast) == {"delay": 0.02}
+    with pytest.raises(ValueError, match="no config applies to this call"):
+        f.config_for((x,), {"n": 5}, applies=lambda c: False)
+
+
+def test_disabled_uses_the_default_where_it_applies(monkeypatch):
+    # tuning off: the default if it applies, else the first config that does
+    monkeypatch.setenv("NBOPS_AUTOTUNE", "0")
+    f = make_tuner([])
+    x = np.ones(2)
+    assert f.config_for((x,), {"n": 3}, applies=lambda c: c["delay"] > 0) == {"delay": 0.02}
+    assert f.config_for((x,), {"n": 3}, applies=lambda c: c["delay"] < 0.01) == {"delay": 0.0}
+    with pytest.raises(ValueError, match="no config matches None and applies"):
+        f.config_for((x,), {"n": 3}, applies=lambda c: False)
+
+
+def test_conv_tunes_only_the_algorithms_that_apply(monkeypatch):
+    # padding is not in the tuning key: with padding 0 the 4 x 4 map has
+    # less output than one direct tile, with padding 3 it has enough
+    from nbops import conv
+
+    monkeypatch.setattr(at, "WARM_UP", 0.0)
+    monkeypatch.setattr(at, "ROUND_BUDGET", 0.0)
+    timed = []
+    real_call = at.Autotuner._call
+
+    def spy(self, args, kwargs, config):
+        if self.name == "nbops.conv2d":
+            timed.append(config["algo"])
+        return real_call(self, args, kwargs, config)
+
+    monkeypatch.setattr(at.Autotuner, "_call", spy)
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((1, 8, 4, 4)), rng.standard_normal((8, 8, 3, 3))
+    conv._cpu_conv.clear()
+    try:
+        nbops.conv2d(x, w)
+        assert set(timed) == {"igemm", "blas"}
+        timed.clear()
+        nbops.conv2d(x, w, padding=3)
+        assert set(timed) == {"igemm", "blas", "direct"}   # a candidate was missing
+        # the direct convolution made the stored winner: a pack of the
+        # padding-0 call still plans without it, the padding-3 one with it
+        (entry,) = conv._cpu_conv._memory.values()
+        for pair in entry["times"]:
+            pair[1] = 1e-9 if pair[0]["algo"] == "direct" else 1.0
+        conv._cpu_conv._chosen.clear()
+        timed.clear()
+        plans = []
+        for p in (0, 3):
+            pack = nbops.conv_pack(w, input_shape=x.shape, padding=p)
+            nbops.conv2d(x, pack)
+            plans.append(pack.plan.algorithm)
+        assert plans == ["igemm", "direct"] and timed == []
+    finally:
+        conv._cpu_conv.clear()
