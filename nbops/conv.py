@@ -12,16 +12,26 @@ once and reads nothing more than a plain convolution.
 
 CPU algorithms (:mod:`nbops.cpu.conv`): an implicit GEMM on nbops' packed
 GEMM micro-kernel (1x1 and larger kernels alike; the im2col matrix is
-packed block by block, never built), im2col + NumPy's BLAS, and a direct
-depthwise kernel for one input channel per group. The first two are
-autotuner candidates (``NBOPS_AUTOTUNE=0``: ``DEFAULT_CONFIG``, the
-implicit GEMM); depthwise has one algorithm. CUDA (:mod:`nbops.cuda.conv`):
-a direct kernel with the block's weights staged in shared memory.
+packed block by block, never built), im2col + NumPy's BLAS, a direct
+convolution on padded planes (stride 1, or on the input dealt into stride
+phases), and direct depthwise kernels for one input channel per group.
+The first three are autotuner candidates where they apply
+(``NBOPS_AUTOTUNE=0``: ``DEFAULT_CONFIG``, the implicit GEMM); depthwise
+has one algorithm per stride range. CUDA (:mod:`nbops.cuda.conv`): a
+direct kernel with the block's weights staged in shared memory.
+
+The plan: every call is planned here, never in a kernel. The call's
+:class:`ConvGeometry` and dtype go through one table of algorithms with
+their applicability rules (:data:`ALGORITHMS`); the autotuner times and
+chooses only among the configs whose algorithm applies, and
+:func:`plan_conv` turns its choice into a :class:`ConvPlan` (algorithm,
+the rule that admits it, blocks, the geometry the kernel runs), which the
+CPU kernel entry runs as given.
 
 Packing once: :func:`conv_pack` validates a convolution for one input
 shape, dtype and device, folds its batch norm and bias, makes its weights
-C-contiguous in the kernel's layout and, on the first call, resolves the
-algorithm (the autotuner's choice): a :class:`PackedConv`. Every front
+C-contiguous in the kernel's layout and, on the first call, makes its
+plan (the autotuner's choice) and keeps it: a :class:`PackedConv`. Every front
 (``conv2d``, ``conv1d``, ``conv_relu``, ``conv_bn``, ``conv_bn_relu``)
 takes one in place of ``weight`` and then only checks ``x``, ``out`` and
 ``residual`` before the kernel runs (an ONNX session packs each Conv once
@@ -50,13 +60,17 @@ __all__ = ["conv1d", "conv2d", "fold_batch_norm", "conv_bn_relu", "conv_bn", "co
 for _name in ("conv2d", "im2col", "col2im", "bn_scale_shift", "fold_weights"):
     _dispatch.register_kernel(f"conv.{_name}", CPU, f"nbops.cpu.conv:{_name}")
     _dispatch.register_kernel(f"conv.{_name}", CUDA, f"nbops.cuda.conv:{_name}")
+# the direct kernel's register tiles (MR, NR) per dtype: its rule needs NR
+_dispatch.register_kernel("conv.direct_tiles", CPU, "nbops.cpu.conv:DIRECT_TILES")
 
 #: CPU config used when tuning is off: implicit GEMM over blocks of 256
 #: output pixels x 256 k (a 32 KiB float32 B panel per NR sliver group).
 DEFAULT_CONFIG = {"algo": "igemm", "NC": 256, "KC": 256}
 
-#: Candidates the autotuner times for convolutions with more than one input
-#: channel per group (depthwise has a single algorithm).
+#: Configs the autotuner may time for CPU convolutions with more than one
+#: input channel per group; for one call it times those whose algorithm
+#: applies (:data:`ALGORITHMS`, :func:`plan_conv`): "direct" only where the
+#: direct convolution runs, on the input or on its phases.
 CONV_CONFIGS = [
     DEFAULT_CONFIG,
     {"algo": "igemm", "NC": 512, "KC": 256},
@@ -64,16 +78,17 @@ CONV_CONFIGS = [
     {"algo": "igemm", "NC": 256, "KC": 512},
     {"algo": "igemm", "NC": 1024, "KC": 128},
     {"algo": "blas", "NC": 0, "KC": 0},
-    # stride 1, or equal strides on the input dealt into phases, with at least one
-    # NR-wide tile of output (else igemm, default blocks)
     {"algo": "direct", "NC": 0, "KC": 0},
 ]
 
 
 @_autotune.autotune(configs=CONV_CONFIGS, key=["n", "c", "hw", "co", "kk", "stride", "groups"],
                     default=DEFAULT_CONFIG, name="nbops.conv2d")
-def _cpu_conv(args, n, c, hw, co, kk, stride, groups, dtype, algo, NC, KC):
-    return _dispatch.kernel("conv.conv2d", CPU)(*args, algo=algo, NC=NC, KC=KC)
+def _cpu_conv(args, geo, n, c, hw, co, kk, stride, groups, dtype, algo, NC, KC):
+    # one run of the plan of config (algo, NC, KC); the tuner is only handed
+    # configs whose algorithm applies (_plan_for), so planning never refuses
+    plan = _plan(geo, args[4].dtype, CPU, algo, NC, KC)
+    return _dispatch.kernel("conv.conv2d", CPU)(*args, plan=plan)
 
 
 _ACTS = {None: 0, "relu": 1}
@@ -412,12 +427,13 @@ class PackedConv:
     Attributes (read them, do not set them): ``input_shape``,
     ``output_shape``, ``dtype``, ``device``, ``weight`` and ``bias`` (batch
     norm folded in where ``batch_norm`` is True), ``stride``, ``padding``
-    (the leading pads), ``dilation``, ``groups``, ``batch_norm``.
+    (the leading pads), ``dilation``, ``groups``, ``batch_norm``, ``plan``
+    (its :class:`ConvPlan`, from the first call on).
     """
 
     __slots__ = ("weight", "bias", "input_shape", "output_shape", "dtype", "device",
                  "batch_norm", "_geo", "_kgeo", "_spatial", "_args", "_w4", "_b", "_empty",
-                 "_kernel")
+                 "_plan", "_kernel")
 
     def __init__(self, weight, bias, input_shape, output_shape, geo, spatial, batch_norm,
                  device, args):
@@ -429,7 +445,13 @@ class PackedConv:
         self._empty = _checks.empty((0,), weight.dtype, device)
         self._w4 = _as4d(weight, spatial)
         self._b = self._empty if bias is None else bias
-        self._kernel = None  # the kernel with its algorithm bound, on first use
+        self._plan = self._kernel = None  # the plan, and the kernel with it bound, on first use
+
+    @property
+    def plan(self):
+        """The :class:`ConvPlan` the pack runs, made on its first call (the
+        autotuner's choice for its shape) and kept; None before."""
+        return self._plan
 
     @property
     def stride(self):
@@ -496,6 +518,14 @@ class ConvGeometry(NamedTuple):
     ow: int
     groups: int
     co: int
+
+    def padded(self):
+        """``(Hp, Wp)``: the zero-padded input plane that holds every
+        position a window reads ("same" padding of an even window pads one
+        more at the bottom and right than at the top and left); the direct
+        kernels compute over it at row pitch ``Wp``."""
+        return (max(self.h + 2 * self.ph, (self.oh - 1) * self.sh + (self.kh - 1) * self.dh + 1),
+                max(self.w + 2 * self.pw, (self.ow - 1) * self.sw + (self.kw - 1) * self.dw + 1))
 
 
 def _geometry(op, spatial, x, weight, stride, padding, dilation, groups, names=("x", "weight")):
@@ -577,6 +607,223 @@ def _check_geometry(op, spatial, x, weight, stride, padding, dilation, groups,
     return geo, out_shape
 
 
+# ---------------------------------------------------------------------------
+# The plan: which algorithm runs a convolution, and why
+
+
+class ConvAlgorithm(NamedTuple):
+    """One row of :data:`ALGORITHMS`.
+
+    ``name``: what :attr:`ConvPlan.algorithm` says (the CPU kernel entry
+    runs the function of that name); ``device``; ``config``: the autotuner
+    config's ``"algo"`` that selects it, or None for an algorithm that is
+    the only one where it applies (never tuned); ``rule``: its
+    applicability rule in words; ``applies(geo, dtype)``: the rule, on the
+    geometry the kernels run (:attr:`ConvPlan.kernel_geometry`).
+    """
+
+    name: str
+    device: str
+    config: object
+    rule: str
+    applies: object
+
+
+def _subsamples(geo):
+    """A strided 1x1 convolution without padding (more than one input
+    channel per group) runs as a stride-1 one on the pixels it reads,
+    copied out once: every algorithm's fastest path reads them (the implicit
+    GEMM in place; docs/benchmarks.md)."""
+    return (geo.kh == geo.kw == 1 and geo.ph == geo.pw == 0 and (geo.sh, geo.sw) != (1, 1)
+            and geo.c > geo.groups)
+
+
+def _kernel_geometry(geo, device):
+    """The geometry the algorithm runs: ``geo``, or for a subsampled 1x1 the
+    stride-1 1x1 over its output's pixels."""
+    if device == CPU and _subsamples(geo):
+        return ConvGeometry(geo.c, geo.oh, geo.ow, 1, 1, 1, 1, 0, 0, 1, 1, geo.oh, geo.ow,
+                            geo.groups, geo.co)
+    return geo
+
+
+def _phases_geometry(geo):
+    """The stride-1 geometry of a strided convolution on its padded input
+    dealt into sh x sw phases (cpu/conv.py, ``_direct_phases``): phase
+    (a, b) of channel c is channel ``(c sh + a) sw + b``, and a window of
+    kh x kw taps at dilation (dh, dw) spans ``(kh - 1) dh // sh + 1`` x
+    ``(kw - 1) dw // sw + 1`` positions of the phases."""
+    g = geo
+    khs, kws = (g.kh - 1) * g.dh // g.sh + 1, (g.kw - 1) * g.dw // g.sw + 1
+    hs = max(-(-(g.h + 2 * g.ph) // g.sh), g.oh + khs - 1)
+    ws = max(-(-(g.w + 2 * g.pw) // g.sw), g.ow + kws - 1)
+    return ConvGeometry(g.c * g.sh * g.sw, hs, ws, khs, kws, 1, 1, 0, 0, 1, 1, g.oh, g.ow,
+                        g.groups, g.co)
+
+
+def _grouped(geo, dtype):
+    return geo.c // geo.groups > 1
+
+
+def _direct_rule(geo, dtype):
+    # the kernel's last NR-wide tile is moved back to end at the span's end
+    nr = _dispatch.kernel("conv.direct_tiles", CPU)[np.dtype(dtype)][1]
+    return (geo.sh == 1 and geo.sw == 1 and geo.c // geo.groups > 1
+            and geo.oh * geo.padded()[1] >= nr)
+
+
+def _phases_rule(geo, dtype):
+    return ((geo.sh, geo.sw) != (1, 1) and geo.c // geo.groups > 1
+            and _direct_rule(_phases_geometry(geo), dtype))
+
+
+#: Every convolution algorithm with its applicability rule; :func:`plan_conv`
+#: takes the first row of the device that applies, among the rows of the
+#: config's algorithm where a config is given. The CPU rows are exclusive
+#: but for the autotuner's choice among igemm, blas and direct.
+ALGORITHMS = (
+    ConvAlgorithm("depthwise_padded", CPU, None,
+                  "one input channel per group, strides at most 2",
+                  lambda g, dt: g.c == g.groups and g.sh <= 2 and g.sw <= 2),
+    ConvAlgorithm("depthwise", CPU, None,
+                  "one input channel per group, a stride of 3 or more",
+                  lambda g, dt: g.c == g.groups and (g.sh > 2 or g.sw > 2)),
+    ConvAlgorithm("direct", CPU, "direct",
+                  "stride 1, more than one input channel per group, and at least one "
+                  "NR-wide tile of output at the padded row pitch (OH * Wp >= NR)",
+                  _direct_rule),
+    ConvAlgorithm("direct_phases", CPU, "direct",
+                  "a stride of 2 or more, more than one input channel per group, and the "
+                  "direct rule on the input dealt into stride phases",
+                  _phases_rule),
+    ConvAlgorithm("igemm", CPU, "igemm", "more than one input channel per group", _grouped),
+    ConvAlgorithm("blas", CPU, "blas", "more than one input channel per group", _grouped),
+    ConvAlgorithm("cuda_direct", CUDA, None, "every convolution on CUDA", lambda g, dt: True),
+)
+
+
+class ConvPlan(NamedTuple):
+    """What one convolution runs, decided once by :func:`plan_conv`; the
+    CPU kernel entry (:func:`nbops.cpu.conv.conv2d`) runs it and decides
+    nothing.
+
+    ``geometry``: the call's :class:`ConvGeometry`; ``dtype``; ``device``;
+    ``algorithm``: a name from :data:`ALGORITHMS`; ``rule``: why it applies
+    (its rule in words); ``NC``, ``KC``: the implicit GEMM's blocks (pixels,
+    k depth; 0 for the others); ``kernel_geometry``: the plain tuple the
+    algorithm runs (``tuple(geometry)``, or, where ``subsample``, the
+    stride-1 1x1 on the output's pixels); ``subsample``: a strided 1x1
+    without padding whose pixels are copied out first; ``phases``: for
+    ``direct_phases``, the plain stride-1 geometry of the input dealt into
+    phases, else None.
+    """
+
+    geometry: ConvGeometry
+    dtype: np.dtype
+    device: str
+    algorithm: str
+    rule: str
+    NC: int
+    KC: int
+    kernel_geometry: tuple
+    subsample: bool
+    phases: object
+
+
+def _applicable(geo, dtype, device):
+    """The rows of :data:`ALGORITHMS` that apply, in order."""
+    run = _kernel_geometry(geo, device)
+    return tuple(a for a in ALGORITHMS if a.device == device and a.applies(run, dtype))
+
+
+@functools.lru_cache(maxsize=1024)
+def _tuned_algos(geo, dtype, device):
+    """The autotuner config algorithms that apply to a convolution: empty
+    where its algorithm is the only one (depthwise, CUDA)."""
+    return frozenset(a.config for a in _applicable(geo, dtype, device) if a.config)
+
+
+@functools.lru_cache(maxsize=1024)
+def _config_rule(geo, dtype, device):
+    """The autotuner's ``applies`` for a convolution: whether a config's
+    algorithm applies to it; None where no algorithm is tuned. One object
+    per geometry: the tuner remembers what it accepts."""
+    tuned = _tuned_algos(geo, dtype, device)
+    return (lambda config: config["algo"] in tuned) if tuned else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(geo, dtype, device, algo, NC, KC):
+    """:func:`plan_conv` with the config as its items (hashable: remembered)."""
+    dtype = np.dtype(dtype)
+    rows = _applicable(geo, dtype, device)
+    if algo is None:
+        # the only algorithm, else the default config's
+        algo = None if any(a.config is None for a in rows) or not rows else \
+            DEFAULT_CONFIG["algo"]
+        NC, KC = (DEFAULT_CONFIG["NC"], DEFAULT_CONFIG["KC"]) if algo else (0, 0)
+    row = next((a for a in rows if a.config == algo), None)
+    if row is None:
+        known = {a.config for a in ALGORITHMS if a.device == device and a.config}
+        fits = ", ".join(a.name for a in rows) or "none"
+        if algo not in known:
+            names = f"configs name {sorted(known)}" if known else "none is chosen by a config"
+            raise ValueError(f"conv plan: no algorithm {algo!r} on {device} ({names}); "
+                             f"applicable: {fits}")
+        rules = "; ".join(f"{a.name}: {a.rule}" for a in ALGORITHMS if a.config == algo)
+        raise ValueError(f"conv plan: algorithm {algo!r} does not apply to {geo} "
+                         f"({dtype.name}, {device}); it needs {rules}. Applicable: {fits}")
+    run = _kernel_geometry(geo, device)
+    return ConvPlan(geo, dtype, device, row.name, row.rule,
+                    int(NC) if row.name == "igemm" else 0, int(KC) if row.name == "igemm" else 0,
+                    tuple(run), run is not geo,
+                    tuple(_phases_geometry(run)) if row.name == "direct_phases" else None)
+
+
+def plan_conv(geo, dtype, device=CPU, config=None):
+    """The :class:`ConvPlan` of a convolution of geometry ``geo`` (a
+    :class:`ConvGeometry`) in ``dtype`` (float32 or float64) on ``device``
+    ("cpu" or "cuda").
+
+    ``config`` is an autotuner config (``{"algo": ..., "NC": ..., "KC":
+    ...}``, see :data:`CONV_CONFIGS`) naming the algorithm where more than
+    one applies (CPU, more than one input channel per group); None: the
+    only algorithm that applies, else :data:`DEFAULT_CONFIG`'s. ``"direct"``
+    plans the direct convolution on the input (stride 1) or on its stride
+    phases, whichever applies. The fronts plan through the autotuner,
+    which only ever times and chooses configs that apply here.
+
+    Raises
+    ------
+    ValueError
+        ``config`` names an algorithm that does not apply to ``geo`` (the
+        message gives its rule and the algorithms that apply), or none
+        known on ``device``.
+
+    Example
+    -------
+    >>> geo, _ = nbops.conv._geometry("conv2d", 2, np.empty((1, 8, 14, 14)),
+    ...                               np.empty((8, 8, 3, 3)), 2, 1, 1, 1)
+    >>> nbops.conv.plan_conv(geo, np.float32, "cpu", {"algo": "direct"}).algorithm
+    'direct_phases'
+    """
+    if config is None:
+        return _plan(geo, np.dtype(dtype), device, None, 0, 0)
+    return _plan(geo, np.dtype(dtype), device, config["algo"], config.get("NC", 0),
+                 config.get("KC", 0))
+
+
+def _plan_for(dev, geo, args, n, dtype):
+    """The plan of one call with arguments ``args``: the autotuner's choice
+    among the configs that apply (it tunes here if the shape is new)."""
+    applies = _config_rule(geo, dtype, dev)
+    if applies is None:
+        return _plan(geo, dtype, dev, None, 0, 0)
+    cfg = _cpu_conv.config_for((args, geo), _tuning_key(geo, n, dtype), gpu=False,
+                               applies=applies)
+    return _plan(geo, dtype, dev, cfg["algo"], cfg["NC"], cfg["KC"])
+
+
 def _reshape(x, shape):
     return x.reshape(shape) if isinstance(x, np.ndarray) else tensor.reshape(x, shape)
 
@@ -620,7 +867,7 @@ def _conv(op, spatial, x, weight, bias, wscale, stride, padding, dilation, group
     args = (xc, wc, sc, bc, o4, tuple(geo), _ACTS[activation], rc)
     if out.size == 0:
         return out, geo
-    _launch(op, _kernel_for(dev, geo, args, int(x.shape[0]), x.dtype), args, geo, out, dev)
+    _launch(op, _kernel_for(dev, geo, args, int(x.shape[0]), x.dtype)[1], args, geo, out, dev)
     return out, geo
 
 
@@ -665,14 +912,12 @@ def _tuning_key(geo, n, dtype):
 
 
 def _kernel_for(dev, geo, args, n, dtype):
-    """conv.conv2d's kernel for ``args`` (of geometry ``geo``) with the
-    algorithm that the autotuner picks for them bound (it tunes here if the
-    shape is new)."""
+    """``(plan, kernel)``: the plan of ``args`` (of geometry ``geo``, see
+    :func:`_plan_for`) and conv.conv2d's kernel with it bound (CUDA's
+    has a single algorithm and takes none)."""
+    plan = _plan_for(dev, geo, args, n, dtype)
     kernel = _dispatch.kernel("conv.conv2d", dev)
-    if dev == CUDA or geo.c // geo.groups == 1:  # a single algorithm
-        return kernel
-    return functools.partial(kernel, **_cpu_conv.config_for((args,), _tuning_key(geo, n, dtype),
-                                                            gpu=False))
+    return plan, (kernel if dev == CUDA else functools.partial(kernel, plan=plan))
 
 
 _DEFAULT_GEOMETRY = (1, 0, 1, 1)
@@ -722,7 +967,7 @@ def _conv_packed(op, pack, x, bias, geometry, activation, out, residual):
     args = (_as4d(tensor.contiguous_array(x), spatial), pack._w4, pack._empty, pack._b,
             _as4d(out, spatial), pack._kgeo, _ACTS[activation], rc)
     if pack._kernel is None:
-        pack._kernel = _kernel_for(dev, pack._geo, args, int(x.shape[0]), x.dtype)
+        pack._plan, pack._kernel = _kernel_for(dev, pack._geo, args, int(x.shape[0]), x.dtype)
     _launch(op, pack._kernel, args, pack._geo, out, dev)
     return out
 

@@ -27,8 +27,13 @@ def no_tuning(monkeypatch):
                         {"algo": "direct", "NC": 0, "KC": 0}],
                 ids=["igemm-small", "blas", "direct"])
 def cpu_algo(request, monkeypatch):
+    # a default whose algorithm does not apply falls back to DEFAULT_CONFIG
+    # (the implicit GEMM), as documented in Autotuner.config_for
     monkeypatch.setattr(conv_mod._cpu_conv, "default", dict(request.param))
     return request.param
+
+
+DIRECT = {"algo": "direct", "NC": 0, "KC": 0}
 
 
 # ---------------------------------------------------------------------------
@@ -239,7 +244,7 @@ def test_direct_algorithm_fused_and_batched(monkeypatch, dtype, step_bytes):
         mean, var, gamma, beta = _bn(co, dtype)
         kw = dict(padding=p, dilation=d, groups=g)
         geo, _ = conv_mod._geometry("t", 2, x, wt, 1, p, d, g)
-        assert cpu_conv.direct_applies(geo, dtype)
+        assert conv_mod.plan_conv(geo, dtype, "cpu", DIRECT).algorithm == "direct"
         got = nbops.conv_bn_relu(x, wt, b, mean, var, gamma, beta, **kw)
         wf, bf = nbops.fold_batch_norm(wt, b, mean, var, gamma, beta)
         want = np.maximum(_ref(x.astype(np.float64), wf.astype(np.float64),
@@ -281,8 +286,10 @@ def test_direct_algorithm_on_input_phases(monkeypatch, dtype, step_bytes):
         mean, var, gamma, beta = _bn(co, dtype)
         kw = dict(stride=s, padding=p, dilation=d, groups=g)
         geo, _ = conv_mod._geometry("t", 2, x, wt, s, p, d, g)
-        assert not cpu_conv.direct_applies(geo, dtype)
-        assert cpu_conv.phases_geo(geo, dtype) is not None
+        plan = conv_mod.plan_conv(geo, dtype, "cpu", DIRECT)
+        # (the 1x1/2 runs stride 1 on the pixels it reads: subsampled)
+        assert plan.algorithm == ("direct" if plan.subsample else "direct_phases")
+        assert plan.subsample == (k == 1)
         check(nbops.conv2d(x, wt, b, **kw), _ref(x.astype(np.float64), wt.astype(np.float64),
                                                   b.astype(np.float64), kw),
               dtype=dtype, k=wt[0].size)
@@ -291,10 +298,152 @@ def test_direct_algorithm_on_input_phases(monkeypatch, dtype, step_bytes):
         want = np.maximum(_ref(x.astype(np.float64), wf.astype(np.float64),
                                bf.astype(np.float64), kw), 0)
         check(got, want, dtype=dtype, k=wt[0].size)
-    for k, s, g in [(3, 1, 1), (3, 2, 4)]:
-        geo, _ = conv_mod._geometry("t", 2, np.zeros((1, 4, 30, 30), dtype),
-                                    np.zeros((4, 4 // g, k, k), dtype), s, 0, 1, g)
-        assert cpu_conv.phases_geo(geo, dtype) is None
+    # not on phases: stride 1 (the direct convolution itself) and depthwise
+    # (its own kernels, which "direct" does not name)
+    x30 = np.zeros((1, 4, 30, 30), dtype)
+    geo, _ = conv_mod._geometry("t", 2, x30, np.zeros((4, 4, 3, 3), dtype), 1, 0, 1, 1)
+    assert conv_mod.plan_conv(geo, dtype, "cpu", DIRECT).algorithm == "direct"
+    geo, _ = conv_mod._geometry("t", 2, x30, np.zeros((4, 1, 3, 3), dtype), 2, 0, 1, 4)
+    with pytest.raises(ValueError, match="'direct' does not apply"):
+        conv_mod.plan_conv(geo, dtype, "cpu", DIRECT)
+
+
+# ---------------------------------------------------------------------------
+# The plan: one table of algorithms with their rules, run as planned
+
+
+def _geo(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1):
+    return conv_mod._geometry("t", len(x_shape) - 2, np.empty(x_shape), np.empty(w_shape),
+                              stride, padding, dilation, groups)[0]
+
+
+TUNED = {"igemm", "blas", "direct"}
+PLANS = [  # x, weight, parameters, the untuned plan, tuned algorithms, what "direct" plans
+    ((1, 16, 14, 14), (8, 16, 1, 1), {}, "igemm", TUNED, "direct"),                    # 1x1
+    ((2, 8, 9, 9), (8, 8, 3, 3), dict(padding=1), "igemm", TUNED, "direct"),           # 3x3/1
+    ((1, 8, 15, 15), (8, 8, 3, 3), dict(stride=2, padding=1), "igemm", TUNED,
+     "direct_phases"),                                                                 # 3x3/2
+    ((1, 6, 9, 9), (6, 1, 3, 3), dict(groups=6, padding=1), "depthwise_padded", set(), None),
+    ((1, 6, 9, 9), (12, 1, 3, 3), dict(groups=6, stride=3), "depthwise", set(), None),
+    ((1, 8, 12, 12), (8, 2, 3, 3), dict(groups=4, padding=1), "igemm", TUNED, "direct"),
+    ((1, 4, 20, 20), (4, 4, 3, 3), dict(dilation=2, padding=2), "igemm", TUNED, "direct"),
+    ((1, 4, 21, 21), (4, 4, 3, 3), dict(dilation=2, stride=2), "igemm", TUNED,
+     "direct_phases"),
+    ((2, 4, 50), (6, 4, 5), dict(padding=2), "igemm", TUNED, "direct"),                # 1-D
+    # less output than one direct tile (OH * Wp < NR): no direct convolution
+    ((1, 8, 4, 4), (8, 8, 3, 3), {}, "igemm", {"igemm", "blas"}, None),
+    ((1, 4, 8), (4, 4, 3), {}, "igemm", {"igemm", "blas"}, None),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("xs,ws,kw,untuned,tuned,direct", PLANS,
+                         ids=["1x1", "3x3", "3x3s2", "depthwise", "depthwise-s3", "grouped",
+                              "dilated", "dilated-s2", "1d", "tiny", "1d-tiny"])
+def test_plan_names_the_algorithm_its_rules_give(monkeypatch, dtype, xs, ws, kw, untuned,
+                                                 tuned, direct):
+    from nbops.cpu import conv as cpu_conv
+
+    geo = _geo(xs, ws, **kw)
+    plan = conv_mod.plan_conv(geo, dtype, "cpu")
+    assert (plan.algorithm, plan.geometry, plan.dtype, plan.device) == (untuned, geo, dtype,
+                                                                       "cpu")
+    assert plan.rule == next(a.rule for a in conv_mod.ALGORITHMS if a.name == untuned)
+    assert conv_mod._tuned_algos(geo, np.dtype(dtype), "cpu") == tuned
+    assert conv_mod.plan_conv(geo, dtype, "cuda").algorithm == "cuda_direct"
+    # the padded plane the rule measures is the kernels' own
+    assert geo.padded() == cpu_conv._padded(tuple(geo))
+    # the kernel entry runs the algorithm a plan names, and nothing else
+    ran = []
+    for name, algo in (("_igemm", "igemm"), ("_blas_route", "blas"), ("_direct", "direct"),
+                       ("_direct_phases", "direct_phases"),
+                       ("_depthwise_padded", "depthwise_padded"), ("_depthwise", "depthwise")):
+        def spy(*args, _real=getattr(cpu_conv, name), _algo=algo):
+            ran.append(_algo)
+            return _real(*args)
+        monkeypatch.setattr(cpu_conv, name, spy)
+    rng = np.random.default_rng(3)
+    x, wt = rng.standard_normal(xs).astype(dtype), rng.standard_normal(ws).astype(dtype)
+    spatial = len(xs) - 2
+    full = {**dict(stride=1, padding=0, dilation=1, groups=1), **kw}
+    want = _ref(x.astype(np.float64), wt.astype(np.float64), None, full) if spatial == 2 else \
+        ref_conv1d(x, wt, None, **full)
+    kernel = nbops._dispatch.kernel("conv.conv2d", "cpu")
+    e = np.empty(0, dtype)
+    plans = [plan] if not tuned else []
+    for algo in ("igemm", "blas", "direct"):
+        cfg = {"algo": algo, "NC": 64, "KC": 32}
+        if algo not in tuned:
+            with pytest.raises(ValueError, match=f"algorithm '{algo}' does not apply"):
+                conv_mod.plan_conv(geo, dtype, "cpu", cfg)
+            continue
+        p = conv_mod.plan_conv(geo, dtype, "cpu", cfg)
+        assert p.algorithm == (direct if algo == "direct" else algo)
+        assert (p.NC, p.KC) == ((64, 32) if algo == "igemm" else (0, 0))
+        assert (p.phases is not None) == (p.algorithm == "direct_phases")
+        plans.append(p)
+    for p in plans:
+        ran.clear()
+        out = np.empty(want.shape, dtype)
+        kernel(conv_mod._as4d(x, spatial), conv_mod._as4d(wt, spatial), e, e,
+               conv_mod._as4d(out, spatial), tuple(geo), 0, e, plan=p)
+        # (on phases through the direct convolution's own function)
+        assert ran == [p.algorithm] + (["direct"] if p.algorithm == "direct_phases" else [])
+        check(out, want, dtype, k=wt[0].size)
+
+
+def test_strided_1x1_is_planned_on_its_pixels():
+    # a strided 1x1 without padding runs stride 1 on the pixels it reads;
+    # with padding, or depthwise, it does not
+    geo = _geo((1, 8, 15, 15), (4, 8, 1, 1), stride=2)
+    plan = conv_mod.plan_conv(geo, np.float32, "cpu", DIRECT)
+    assert plan.subsample and plan.algorithm == "direct"
+    assert plan.kernel_geometry == (8, 8, 8, 1, 1, 1, 1, 0, 0, 1, 1, 8, 8, 1, 4)
+    for geo in (_geo((1, 8, 15, 15), (4, 8, 1, 1), stride=2, padding=1),
+                _geo((1, 8, 15, 15), (8, 1, 1, 1), stride=2, groups=8)):
+        plan = conv_mod.plan_conv(geo, np.float32, "cpu")
+        assert not plan.subsample and plan.kernel_geometry == tuple(geo)
+    assert not conv_mod.plan_conv(geo, np.float32, "cuda").subsample
+
+
+def test_plans_refuse_what_does_not_apply():
+    geo = _geo((1, 8, 4, 4), (8, 8, 3, 3))
+    with pytest.raises(ValueError, match=r"'direct' does not apply to ConvGeometry\(c=8.*it "
+                                         r"needs direct: stride 1.*Applicable: igemm, blas"):
+        conv_mod.plan_conv(geo, np.float64, "cpu", DIRECT)
+    with pytest.raises(ValueError, match=r"no algorithm 'winograd' on cpu \(configs name "
+                                         r"\['blas', 'direct', 'igemm'\]\); applicable: igemm"):
+        conv_mod.plan_conv(geo, np.float64, "cpu", {"algo": "winograd"})
+    with pytest.raises(ValueError, match=r"no algorithm 'igemm' on cuda \(none is chosen by a "
+                                         r"config\); applicable: cuda_direct"):
+        conv_mod.plan_conv(geo, np.float64, "cuda", conv_mod.DEFAULT_CONFIG)
+    # the kernel entry runs a plan of its own call only
+    other = conv_mod.plan_conv(_geo((1, 8, 5, 5), (8, 8, 3, 3)), np.float64)
+    x, w = np.ones((1, 8, 4, 4)), np.ones((8, 8, 3, 3))
+    e, out = np.empty(0), np.empty((1, 8, 2, 2))
+    kernel = nbops._dispatch.kernel("conv.conv2d", "cpu")
+    with pytest.raises(ValueError, match=r"conv2d: a plan for geometry \(8, 5, 5"):
+        kernel(x, w, e, e, out, tuple(geo), 0, e, plan=other)
+    with pytest.raises(ValueError, match="in float32 was given a call of .* in float64"):
+        kernel(x, w, e, e, out, tuple(geo), 0, e, plan=conv_mod.plan_conv(geo, np.float32))
+    with pytest.raises(ValueError, match="the plan names 'cuda_direct', not a CPU"):
+        kernel(x, w, e, e, out, tuple(geo), 0, e,
+               plan=conv_mod.plan_conv(geo, np.float64, "cuda"))
+
+
+def test_a_default_that_does_not_apply_falls_back_and_packs_keep_their_plan(monkeypatch):
+    # tuning off: the default config where its algorithm applies, else the
+    # first config that does (DEFAULT_CONFIG): a pack shows which it runs
+    monkeypatch.setattr(conv_mod._cpu_conv, "default", dict(DIRECT))
+    rng = np.random.default_rng(8)
+    for xs, expect in (((1, 8, 4, 4), ("igemm", 256, 256)), ((1, 8, 9, 9), ("direct", 0, 0))):
+        x, w = rng.standard_normal(xs), rng.standard_normal((8, 8, 3, 3))
+        pack = nbops.conv_pack(w, input_shape=x.shape)
+        assert pack.plan is None
+        check(nbops.conv2d(x, pack), _ref(x, w, None, dict(stride=1, padding=0, dilation=1,
+                                                           groups=1)), k=72)
+        assert (pack.plan.algorithm, pack.plan.NC, pack.plan.KC) == expect
+        assert pack.plan.geometry == pack._geo
 
 
 @pytest.mark.parametrize("shape,pad,strides,hw", [((2, 3, 9, 11), (1, 2), (2, 3), (6, 6)),

@@ -3,7 +3,10 @@
 Every convolution is ``out[n, co] = act(sum_k W'[co, k] col[k, p] + b[co])``
 with ``k = (ci, kh, kw)`` over one group's input channels and ``p = (oh,
 ow)``; ``W' = W * wscale[co]`` when a per-channel scale is given (batch
-norm folded in) and ``act`` is 0 (none) or 1 (relu). Four algorithms:
+norm folded in) and ``act`` is 0 (none) or 1 (relu). Four algorithms; which
+one runs is decided by the front's plan (:func:`nbops.conv.plan_conv`: the
+table ``nbops.conv.ALGORITHMS`` holds their applicability rules), and
+:func:`conv2d` runs the one a plan names:
 
 * ``igemm`` (implicit GEMM, the default for every grouping with more than
   one input channel per group, 1x1 included): nbops' own packed GEMM of
@@ -77,39 +80,38 @@ CPU_ONLY = ()
 U = np.uint64
 
 
-def conv2d(x, w, wscale, bias, out, geo, act, res, algo="igemm", NC=256, KC=256):
+def conv2d(x, w, wscale, bias, out, geo, act, res, plan):
     """``out = act(conv(x, w * wscale) + bias + res)`` (shapes in the module
-    docstring); ``wscale`` and ``bias`` are per output channel or empty,
-    ``res`` (a residual added before the activation) is ``out``'s shape seen
-    flat, or empty.
-    ``algo`` picks the implicit GEMM, the direct convolution (where
-    ``direct_applies``, or on phases of the input for strided ones, see
-    ``phases_geo``; elsewhere the implicit GEMM) or the BLAS route for
-    groups of more than one input channel; one input channel per group
-    always runs the depthwise kernel. ``NC``/``KC``: pixels and k depth per
-    packed block."""
+    docstring) by the algorithm that ``plan`` names: a
+    :class:`nbops.conv.ConvPlan` made for this geometry and dtype by the
+    front, where the rules that choose it live; here it is only checked
+    (ValueError for a plan of another geometry or dtype, or one naming no
+    CPU algorithm). ``wscale`` and ``bias`` are per output channel or
+    empty, ``res`` (a residual added before the activation) is ``out``'s
+    shape seen flat, or empty."""
     if out.size == 0:
         return out
-    C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
-    if KH == KW == 1 and ph == pw == 0 and (sh, sw) != (1, 1) and C > G:
-        # a strided 1x1 convolution is a stride-1 one on the pixels it
-        # reads: copied out once (a quarter of the input at stride 2), they
-        # go through every algorithm's fastest path (the implicit GEMM reads
-        # them in place; docs/benchmarks.md)
+    if plan.geometry != geo or plan.dtype != out.dtype:
+        raise ValueError(f"conv2d: a plan for geometry {tuple(plan.geometry)} in "
+                         f"{plan.dtype} was given a call of {tuple(geo)} in {out.dtype}")
+    algo = plan.algorithm
+    if plan.subsample:
+        # a strided 1x1 without padding: its pixels, copied out once (a
+        # quarter of the input at stride 2), are a stride-1 convolution
         x = _subsampled(x, geo)
-        geo = (C, OH, OW, 1, 1, 1, 1, 0, 0, 1, 1, OH, OW, G, CO)
-        sh = sw = 1
+        geo = plan.kernel_geometry
+    C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
     # read-only per-channel operands (an ONNX model's initializers) would
     # compile each kernel they reach a second time (the implicit GEMM's
     # driver: 6 s cold); copies of them cost next to nothing
     bias, wscale = _writable(bias), _writable(wscale)
     xf, wf, of = x.reshape(-1), w.reshape(-1), out.reshape(-1)
-    if C // G == 1:
+    if algo == "depthwise_padded" or algo == "depthwise":
         wf = _writable(wf)  # a few taps per channel, as bias
         # the depthwise kernels have no residual in their epilogues: one
         # more pass adds it (MobileNet's residuals follow 1x1 convolutions)
         dw_act = 0 if res.size else act
-        if sh <= 2 and sw <= 2:
+        if algo == "depthwise_padded":
             planes = of.size // (OH * OW)
             Hp, Wp = _padded(geo)
             _depthwise_padded(xf, wf, wscale, bias, of, geo, dw_act, Hp, Wp,
@@ -118,16 +120,16 @@ def conv2d(x, w, wscale, bias, out, geo, act, res, algo="igemm", NC=256, KC=256)
             _depthwise(xf, wf, wscale, bias, of, geo, dw_act)
         if res.size:
             _add_residual(of, res, act)
-    elif algo == "direct" and direct_applies(geo, out.dtype):
+    elif algo == "direct":
         _direct(x, w, wscale, bias, out, geo, act, res)
-    elif algo == "direct" and (geo_s := phases_geo(geo, out.dtype)) is not None:
-        _direct_phases(x, w, wscale, bias, out, geo, geo_s, act, res)
+    elif algo == "direct_phases":
+        _direct_phases(x, w, wscale, bias, out, geo, plan.phases, act, res)
     elif algo == "blas":
         _blas_route(x, w, wscale, bias, out, geo, act, res)
+    elif algo == "igemm":
+        _igemm(xf, wf, wscale, bias, of, geo, act, res, plan.NC, plan.KC)
     else:
-        # the implicit GEMM; also "direct" where it does not apply, whose
-        # config carries no block sizes
-        _igemm(xf, wf, wscale, bias, of, geo, act, res, NC or 256, KC or 256)
+        raise ValueError(f"conv2d: the plan names {algo!r}, not a CPU convolution algorithm")
     return out
 
 
@@ -462,15 +464,6 @@ def _igemm_drivers(dtype):
 DIRECT_TILES = {np.dtype(np.float32): (8, 32), np.dtype(np.float64): (8, 16)}
 
 
-def direct_applies(geo, dtype):
-    """Whether ``algo="direct"`` runs for this geometry: stride 1, more than
-    one input channel per group, and at least one NR-wide tile of output at
-    the padded pitch."""
-    C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
-    return sh == 1 and sw == 1 and C // G > 1 and OH * _padded(geo)[1] >= \
-        DIRECT_TILES[np.dtype(dtype)][1]
-
-
 def _padded(geo):
     """(Hp, Wp): the padded plane holding every position a window reads
     ("same" padding of an even window pads one more at the bottom and
@@ -539,21 +532,6 @@ def _direct(x, w, wscale, bias, out, geo, act, res, phases=None):
     return out
 
 
-def phases_geo(geo, dtype):
-    """The stride-1 geometry that a strided convolution (one of the strides
-    at least 2, more than one input channel per group) has on its padded
-    input dealt into sh x sw phases (``_direct_phases``), or None where that
-    does not apply or the direct convolution would not run on it."""
-    C, H, W, KH, KW, sh, sw, ph, pw, dh, dw, OH, OW, G, CO = geo
-    if (sh, sw) == (1, 1) or C == G:
-        return None
-    khs, kws = (KH - 1) * dh // sh + 1, (KW - 1) * dw // sw + 1
-    hs = max(-(-(H + 2 * ph) // sh), OH + khs - 1)
-    ws = max(-(-(W + 2 * pw) // sw), OW + kws - 1)
-    geo_s = (C * sh * sw, hs, ws, khs, kws, 1, 1, 0, 0, 1, 1, OH, OW, G, CO)
-    return geo_s if direct_applies(geo_s, dtype) else None
-
-
 def _direct_phases(x, w, wscale, bias, out, geo, geo_s, act, res):
     """A strided convolution as a stride-1 one: the padded input is dealt
     into sh x sw phases (phase (a, b) of channel c is channel
@@ -564,7 +542,7 @@ def _direct_phases(x, w, wscale, bias, out, geo, geo_s, act, res):
     stay as they are, every tap computed once (a 3x3/2 window is a 2x2, two
     2x1 and a 1x1 window over the four phases). The 7x7/2 stem and the 3x3/2
     layers run at the direct kernel's rate instead of the implicit GEMM's
-    strided packing. ``geo_s`` from :func:`phases_geo`. The phases are
+    strided packing. ``geo_s``: the plan's ``phases``. The phases are
     dealt straight into the padded planes (``_deal_phases``, in parallel;
     NumPy's pad and 6-D transpose had taken half the time;
     docs/benchmarks.md)."""
