@@ -64,6 +64,7 @@ with. Measured first-call latencies are in ``tools/bench_fusion.py
 
 import inspect
 import os
+import re
 import sys
 import time
 
@@ -583,6 +584,32 @@ class _CompileLog:
         fn = ev.data["dispatcher"].py_func
         self.kernels.append(f"{fn.__module__}.{fn.__qualname__}"
                             f"({', '.join(str(a) for a in ev.data['args'])})")
+
+
+#: A kernel module: nbops.cpu / nbops.cuda and what is in them, a domain
+#: package's cpu*/cuda* modules (nbops.quant.cpu_gemm...), generated ones.
+KERNEL_MODULE = re.compile(r"^(nbops\.(\w+\.)?(cpu|cuda)(_\w+)?(\.|$)|_nbops_)")
+_installed = None
+
+
+def claim_kernels(folder):
+    """Make this process claim each kernel (an exclusive file lock in
+    ``folder``, see *Parallel warm-up*) before compiling it, so that it and
+    other processes claiming in the same folder never compile one cache
+    entry twice nor write it at once; the demo's second process uses it.
+    Returns False, and changes nothing, where claims cannot work: no
+    ``fcntl``, or a kernel module imported already (its kernels captured
+    Numba's compile before the claim could wrap it). Called again, it moves
+    the claims to ``folder``."""
+    global _installed
+    if _installed is not None:
+        _installed.folder = folder
+        return True
+    if not _can_claim() or any(KERNEL_MODULE.match(m) for m in list(sys.modules)):
+        return False
+    _installed = _Claims(folder)
+    _installed.install()
+    return True
 
 
 def _can_claim():

@@ -114,6 +114,27 @@ def test_demo_quiet_prints_no_progress(tmp_path):
     assert not list(tmp_path.glob("*.png"))
 
 
+def test_demo_compiles_later_tasks_in_a_second_process(tmp_path):
+    # --jobs 2: the later tasks run first in a second process (claims keep
+    # the two from compiling one kernel twice); the rows are the same
+    args = ["-m", "nbops", "demo", "--smoke", "--quiet", "--no-plots", "--only", "snn", "gcn",
+            "--out", str(tmp_path)]
+    two, one = _run(args + ["--jobs", "2"]), _run(args + ["--jobs", "1"])
+    assert "in a second process compiling the later tasks' kernels" in two, two
+    assert "second process" not in one, one
+    assert {t: r[0] for t, r in _rows(two).items()} == {t: r[0] for t, r in _rows(one).items()}
+
+
+def test_kernel_claims_only_before_any_kernel_module_is_imported(tmp_path):
+    code = ("import sys; from nbops.warmup import claim_kernels; "
+            "before = claim_kernels(sys.argv[1]); import nbops.cpu.activations; "
+            "print(before, claim_kernels(sys.argv[1]))")
+    assert _run(["-c", code, str(tmp_path)]).split() == ["True", "True"]
+    late = ("import sys, nbops.cpu.activations; from nbops.warmup import claim_kernels; "
+            "print(claim_kernels(sys.argv[1]))")
+    assert _run(["-c", late, str(tmp_path)]).split() == ["False"]
+
+
 def test_demo_on_cuda(tmp_path):
     # the simulator runs a Python thread per CUDA thread: the smallest settings,
     # and the two tasks whose kernels stay small there (the CNN's and the

@@ -40,6 +40,10 @@ class Config:
     #: the smallest settings (8 images, one epoch, layers a few units wide):
     #: the code path alone, for tests and the CUDA simulator
     smoke: bool = False
+    #: processes compiling kernels: 2 runs the later tasks' ``--quick``
+    #: twins in a second process while the first task runs (see ``Ahead``);
+    #: None picks 2 on a CPU run with 2+ cores
+    jobs: int = 1
 
     def __post_init__(self):
         # The documented default GEMM configs unless the user asks for tuning:
@@ -78,6 +82,10 @@ def add_options(parser, tasks=None):
                         help="do not write plots")
     parser.add_argument("--limit", type=int, default=0, metavar="N",
                         help="use at most N training and N test images")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="1: compile in this process only; 2 (default with 2+ cores): "
+                             "the later tasks' kernels compile in a second process while "
+                             "the first task runs")
     parser.add_argument("--smoke", action="store_true",
                         help="smallest settings (8 images, 1 epoch, narrow layers): checks "
                              "the code path, e.g. in the CUDA simulator")
@@ -270,10 +278,85 @@ class CompileClock:
         return self._timer.total / 1e9
 
 
+class Ahead:
+    """A second process compiling the later tasks' kernels while the first
+    task runs, on a machine with 2+ cores: it runs those tasks with
+    ``--quick`` (the same code path and layer sizes, so the same kernels;
+    ``--smoke`` for a smoke run), quietly, into the shared disk cache. Both processes claim each kernel
+    before compiling it (:func:`nbops.warmup.claim_kernels`), so that none
+    compiles twice and no two write one cache entry; a process reaching a
+    kernel the other is compiling waits and then loads it.
+
+    Timings stay honest: :func:`settle` (called before every latency
+    measurement and every later task) waits for the process to end, so
+    nothing measured shares the cores with it."""
+
+    current = None
+    #: environment variables: the claims folder, the file for its compile seconds
+    CLAIMS, REPORT = "NBOPS_DEMO_CLAIMS", "NBOPS_DEMO_AHEAD_REPORT"
+
+    def __init__(self, cfg, tasks, folder):
+        import subprocess
+
+        self.folder, self.report, self.seconds = folder, os.path.join(folder, "compile_s"), 0.0
+        env = dict(os.environ, **{self.CLAIMS: folder, self.REPORT: self.report})
+        argv = [sys.executable, "-m", "nbops", "demo", "--smoke" if cfg.smoke else "--quick",
+                "--quiet", "--no-plots",
+                "--jobs", "1", "--device", cfg.device, "--seed", str(cfg.seed),
+                "--split-seed", str(cfg.split_seed), "--out", folder, "--only", *tasks]
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    @classmethod
+    def start(cls, cfg, tasks):
+        """Start the process for ``tasks`` (the tasks after the first) when
+        it can help: a CPU run of 2+ tasks with ``jobs`` > 1, and claims
+        possible in this process (file locks, no kernel compiled here yet)."""
+        import atexit
+        import shutil
+        import tempfile
+
+        from ..warmup import claim_kernels
+
+        if cfg.jobs < 2 or cfg.device != "cpu" or not tasks:
+            return None
+        folder = tempfile.mkdtemp(prefix="nbops-demo-ahead-")
+        # kept until exit: this process's claims take their locks in it
+        atexit.register(shutil.rmtree, folder, True)
+        if not claim_kernels(folder):
+            return None
+        cls.current = cls(cfg, tasks, folder)
+        return cls.current
+
+    def wait(self):
+        """Wait for the process; its compile seconds (0 if it failed: this
+        process then compiles what it needs itself)."""
+        self.proc.wait()
+        try:
+            with open(self.report) as f:
+                self.seconds = float(f.read())
+        except (OSError, ValueError):
+            self.seconds = 0.0
+        return self.seconds
+
+
+def cores():
+    """Cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def settle():
+    """Wait for the background compile process of :class:`Ahead`, if one
+    runs, so that what is measured next has the cores to itself."""
+    if Ahead.current is not None and Ahead.current.proc.poll() is None:
+        Ahead.current.wait()
+
+
 def latency(fn, x, budget=0.25, most=200):
     """Median seconds of ``fn(x)`` after one warm-up call, over as many
     calls as fit in ``budget`` seconds (at least 3, at most ``most``).
     Device results are copied back, so a CUDA figure includes the copy."""
+    settle()
     host(fn(x))
     times = []
     end = time.perf_counter() + budget
