@@ -19,7 +19,9 @@ power-law row lengths keep every thread busy; CUDA kernels give each row a
 group of threads sized to the average row length (see ``sparse/cpu.py`` and
 ``sparse/cuda.py``). Column order and duplicates within rows are accepted
 everywhere (duplicates add up; softmax treats them as separate entries);
-``add`` brings non-canonical inputs to canonical form first.
+``add`` brings non-canonical inputs to canonical form first. Structure
+operations (transpose, canonical form, validation, ``from_dense``) run on
+the matrix's device too, through the same registry, with equal results.
 
 Example
 -------

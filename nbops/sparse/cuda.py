@@ -10,12 +10,16 @@
 * SDDMM: a group per nonzero, lanes over the feature dimension.
 * Structure stays on the device: a prefix sum over tiles of a block
   (shared memory, then the tile totals scanned the same way), a stable
-  counting sort (atomic counts per key, scan, atomic scatter, then each
-  key's items sorted by source position, so the order is deterministic and
-  equal to the CPU's), the row of each nonzero, and the canonical form
-  (one thread per row: a stable merge sort of the row's columns, then the
-  merged copy). Launchers that size their output read back one scalar
-  (the new nnz); nothing else comes to the host.
+  counting sort for the transpose (atomic counts per key, scan, atomic
+  scatter, then each key's items sorted by source position, so the order
+  is deterministic and equal to the CPU's), the row of each nonzero, the
+  canonical form (one thread per row: a stable merge sort of the row's
+  columns, then the merged copy), content validation (atomic minima of
+  the first bad positions) and the CSR of a dense array. Results equal the
+  CPU kernels' exactly. Launchers that size an output by its contents
+  read back one scalar (the new nnz), validation two; nothing else comes
+  to the host. One thread sorts a whole row: a row holding most of the
+  nonzeros is sorted serially (O(L log L)).
 
 Group loops run the same trip count in every thread of a block (rows past
 the end compute nothing), so the ``syncthreads`` inside the reductions are
