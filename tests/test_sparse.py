@@ -711,6 +711,8 @@ def test_from_coo_and_conversion_errors():
         sparse.from_scipy(np.eye(2))
     with pytest.raises(ValueError, match="2-D"):
         sparse.from_dense(np.ones(3))
+    with pytest.raises(TypeError, match="'index_dtype' must be int32 or int64, got int16"):
+        sparse.from_dense(np.eye(2), index_dtype=np.int16)
     A = sparse.from_dense(np.eye(3))
     with pytest.raises(ValueError, match="shape"):
         A.with_data(np.ones(2))

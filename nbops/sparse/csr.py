@@ -1,10 +1,11 @@
 """The CSR matrix type: validated on construction, on the CPU or a GPU.
 
 Structure operations (transpose, canonical form, the canonical-format test,
-row lengths, conversion from COO) reach their kernels through the registry
-(``"sparse.<kernel>"``) like every other operator, so a matrix on the GPU
-stays there; a transposed structure is built once per pattern and cached.
-Launchers that size an output by its contents read back one scalar.
+row lengths, content validation, conversion from dense and from COO) reach
+their kernels through the registry (``"sparse.<kernel>"``) like every other
+operator, so a matrix on the GPU stays there; a transposed structure is
+built once per pattern and cached. Launchers that size an output by its
+contents read back one scalar. ``from_coo`` takes host arrays only.
 """
 
 import weakref
