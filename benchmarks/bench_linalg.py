@@ -164,7 +164,9 @@ class SmallBatched:
         bbuf, offb, sbk, sbn = linalg._operand("matmul", "b", self.b, (batch,))
         args = (abuf, offa, sam, sak, bbuf, offb, sbk, sbn, self.c, n, n, n,
                 np.empty(0, dtype), 0, _formulas.params(dtype), _formulas.consts(dtype))
-        self.packed = lambda: cpu.gemm(*args, SMALL=0)
+        plan = linalg.plan_gemm(batch, n, n, n, sak, sbk, sbn,
+                                dict(linalg.DEFAULT_CONFIG, SMALL=0, STREAM=0))
+        self.packed = lambda: cpu.gemm(*args, plan)
         _warm(lambda: nbops.matmul(self.a, self.b, out=self.c, impl="nbops"))
         _warm(self.packed)
 

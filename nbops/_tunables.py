@@ -89,6 +89,33 @@ EPILOGUE_COLS = 256
 #: bench: tools/bench_gemm.py
 GEMM_TASKS_PER_THREAD = 4
 
+#: Default bound of the small-product route on m, n and k (``SMALL`` of the
+#: GEMM's default config): A, B and C of a 128^3 float32 product take 192
+#: KiB, inside L2, and each k x 32 panel of B stays in L1 while A streams
+#: past it; ahead of the packed driver up to 256^3, kept at 128 so that the
+#: A rows a tile streams stay in L2.
+#: bench: tools/bench_gemm.py --group small small-shapes
+GEMM_SMALL_MAX = 128
+
+#: Rows of A up to which one product takes the matrix-vector route (each
+#: element of B read once and used ``m`` times, too few to pay for packing
+#: it; at 64 rows the packed driver is ahead again); its column blocks per
+#: thread and least columns per block.
+#: bench: tools/bench_gemm.py --group linear
+GEMV_MAX_ROWS = 16
+GEMV_TASKS_PER_THREAD = 4
+GEMV_MIN_COLUMNS = 16
+
+#: Rows of A up to which one product whose B has contiguous columns (a
+#: linear layer's ``x @ W.T``) takes the streamed-weight route where the
+#: config enables it: the packed driver copies the whole weight every call,
+#: and past this bound the transposed result outgrows the caches.
+#: bench: tools/bench_gemm.py --group linear
+STREAM_MAX_ROWS = 512
+#: Blocks of C's columns per thread of the streamed-weight route.
+#: bench: tools/bench_gemm.py --group linear
+STREAM_TASKS_PER_THREAD = 4
+
 #: Bytes of C one BLAS-route band spans at most when an epilogue runs on it
 #: (about half an L2).
 #: bench: tools/bench_gemm.py (the nbops-blas cases)

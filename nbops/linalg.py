@@ -18,14 +18,18 @@ operands' dtype, as BLAS does. The CPU block sizes come from
 """
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
-from . import _checks, _dispatch, _formulas, _layout
+from . import _checks, _dispatch, _formulas, _layout, _runtime
 from . import autotune as _autotune
+from ._tunables import (GEMM_SMALL_MAX, GEMM_TASKS_PER_THREAD, GEMV_MAX_ROWS, GEMV_MIN_COLUMNS,
+                        GEMV_TASKS_PER_THREAD, STREAM_MAX_ROWS)
 from ._dispatch import CPU, CUDA, operator
 
-__all__ = ["matmul", "bmm", "linear", "ACTIVATIONS", "DEFAULT_CONFIG", "GEMM_CONFIGS"]
+__all__ = ["matmul", "bmm", "linear", "ACTIVATIONS", "DEFAULT_CONFIG", "GEMM_CONFIGS",
+           "GEMM_ROUTES", "GemmPlan", "plan_gemm"]
 
 _dispatch.register_kernel("gemm", CPU, "nbops.cpu.linalg:gemm")
 _dispatch.register_kernel("gemm_blas", CPU, "nbops.cpu.linalg:gemm_blas")
@@ -43,14 +47,10 @@ IMPLS = ("auto", "nbops", "blas")
 
 #: The CPU config used when tuning is off (``NBOPS_AUTOTUNE=0``): nbops'
 #: own kernel, MC x KC panels of A (64 x 256: 64 KiB of float32 in L2),
-#: KC x NC panels of B (256 x 2048: 2 MiB, in L3); stacks of products
-#: whose m, n and k are all at most SMALL (and at least one product per
-#: thread, C at least one vector wide: ``nbops.cpu.linalg.small_route``)
-#: take the non-packing small-product driver instead, and single products
-#: of up to 512 rows by a B with contiguous columns (``x @ W.T``, a linear
-#: layer: ``nbops.cpu.linalg.stream_route``) the streamed-weight driver,
-#: each task owning STREAM = 64 columns of C.
-DEFAULT_CONFIG = {"impl": "nbops", "MC": 64, "KC": 256, "NC": 2048, "SMALL": 128,
+#: KC x NC panels of B (256 x 2048: 2 MiB, in L3); the small-product route
+#: up to SMALL and the streamed-weight route with STREAM = 64 columns of C
+#: per task (:data:`GEMM_ROUTES`, :func:`plan_gemm`).
+DEFAULT_CONFIG = {"impl": "nbops", "MC": 64, "KC": 256, "NC": 2048, "SMALL": GEMM_SMALL_MAX,
                   "STREAM": 64}
 
 #: Candidates the autotuner times on the CPU: block sizes of nbops' packed
@@ -79,10 +79,88 @@ def _cpu_gemm(args, m, n, k, batch, wt, dtype, impl, MC, KC, NC, SMALL=None, STR
     # route applies: tuned apart from the same sizes with a row-major B
     if SMALL is None:  # a config written before the small-product route existed
         SMALL = DEFAULT_CONFIG["SMALL"]
-    if impl == "blas":
-        return _dispatch.kernel("gemm_blas", CPU)(*args)
-    return _dispatch.kernel("gemm", CPU)(*args, MC=MC, KC=KC, NC=NC, SMALL=SMALL,
-                                         STREAM=STREAM)
+    sak, sbk, sbn = args[3], args[6], args[7]
+    plan = plan_gemm(batch, m, n, k, sak, sbk, sbn, dict(impl=impl, MC=MC, KC=KC, NC=NC,
+                                                         SMALL=SMALL, STREAM=STREAM))
+    return _dispatch.kernel("gemm", CPU)(*args, plan)
+
+
+# ---------------------------------------------------------------------------
+# The CPU GEMM's plan: which driver of nbops.cpu.linalg runs a call
+
+
+class GemmPlan(NamedTuple):
+    """How one CPU GEMM call runs (:func:`plan_gemm`): ``route`` names the
+    driver (a key of :data:`GEMM_ROUTES`), ``rule`` why it applies,
+    ``threads`` the threads it splits over, ``MC``/``KC``/``NC`` the packed
+    drivers' cache blocks (``KC`` also the streamed driver's k slices) and
+    ``tasks`` the GEMV route's column blocks or the streamed route's columns
+    per task."""
+
+    route: str
+    rule: str
+    threads: int
+    MC: int = 0
+    KC: int = 0
+    NC: int = 0
+    tasks: int = 0
+
+
+#: The routes in the order :func:`plan_gemm` tries them: the first whose
+#: rule holds runs the call. The limits are tunables (``nbops._tunables``,
+#: each with its benchmark); ``SMALL``/``STREAM`` come from the config.
+GEMM_ROUTES = {
+    "blas": "the config's impl is 'blas': NumPy/SciPy's BLAS on bands of C",
+    "empty": "C has no elements",
+    "fill": "k == 0: C = act(bias)",
+    "gemv": f"one product of at most {GEMV_MAX_ROWS} rows, A's rows and B's rows or "
+            "columns contiguous: B read once, never copied",
+    "stream": f"one product of at most {STREAM_MAX_ROWS} rows, B's columns contiguous (x @ "
+              "W.T), n >= 8, the config's STREAM > 0: W's rows streamed where they lie",
+    "small": "m, n, k all at most the config's SMALL, at least one product per thread: "
+             "register tiles reading A and B in place, no packing",
+    "batched": "many products (at least GEMM_TASKS_PER_THREAD per thread, or one per "
+               "thread of at most MC rows): one packed product per task",
+    "tiles": "otherwise: packed panels, tasks over row blocks x column chunks",
+}
+
+
+def plan_gemm(nbatch, m, n, k, sak, sbk, sbn, config=None, threads=None):
+    """The :class:`GemmPlan` of a CPU GEMM: ``nbatch`` products of an m x k
+    A (element strides ``sak`` along k) by a k x n B (strides ``sbk``,
+    ``sbn``) under ``config`` (a :data:`GEMM_CONFIGS` entry; default
+    :data:`DEFAULT_CONFIG`) on ``threads`` threads (default: nbops'
+    setting). Every route decision of the CPU GEMM is made here.
+
+    Example::
+
+        >>> nbops.linalg.plan_gemm(1, 4, 1000, 512, 1, 1, 512).route
+        'gemv'
+    """
+    cfg = config or DEFAULT_CONFIG
+    if threads is None:
+        threads = _runtime.get_num_threads()
+    MC, KC, NC = int(cfg["MC"]), int(cfg["KC"]), int(cfg["NC"])
+    small, stream = int(cfg.get("SMALL", DEFAULT_CONFIG["SMALL"])), int(cfg.get("STREAM", 0))
+
+    def plan(route, **blocks):
+        return GemmPlan(route, GEMM_ROUTES[route], threads, **blocks)
+
+    if cfg["impl"] == "blas":
+        return plan("blas")
+    if nbatch * m * n == 0:
+        return plan("empty")
+    if k == 0:
+        return plan("fill")
+    if nbatch == 1 and m <= GEMV_MAX_ROWS and sak == 1 and (sbk == 1 or sbn == 1):
+        return plan("gemv", tasks=max(1, min(threads * GEMV_TASKS_PER_THREAD,
+                                             n // GEMV_MIN_COLUMNS)))
+    if stream > 0 and nbatch == 1 and sbk == 1 and n >= 8 and m <= STREAM_MAX_ROWS:
+        return plan("stream", KC=KC, tasks=stream)
+    if small > 0 and max(m, n, k) <= small and nbatch >= threads:
+        return plan("small")
+    many = nbatch >= GEMM_TASKS_PER_THREAD * threads or (nbatch >= threads and m <= MC)
+    return plan("batched" if many else "tiles", MC=MC, KC=KC, NC=NC)
 
 
 # ---------------------------------------------------------------------------

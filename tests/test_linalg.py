@@ -2,7 +2,7 @@
 
 Tuning is off here (``NBOPS_AUTOTUNE=0``): the CPU kernel runs its default
 config, or a tiny one (``SMALL``) whose block edges small matrices cross,
-or the small-product route forced on (``small_route``).
+or the small-product route forced on (``linalg.plan_gemm``).
 Few float32 signatures are compiled, since the micro-kernel compiles slowly.
 """
 
@@ -13,7 +13,7 @@ import pytest
 from scipy import special
 
 import nbops
-from nbops import linalg
+from nbops import _dispatch, _formulas, linalg
 from helpers import host, to_dev
 
 # packed kernel only (SMALL=0): the small-product route has its own tests
@@ -48,7 +48,7 @@ def small_blocks(monkeypatch):
     from nbops.cpu import linalg as cpu
 
     monkeypatch.setattr(linalg._cpu_gemm, "default", dict(SMALL))
-    monkeypatch.setattr(cpu, "GEMV_MAX_ROWS", 0)
+    monkeypatch.setattr(linalg, "GEMV_MAX_ROWS", 0)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -77,9 +77,13 @@ def test_gemv_route(monkeypatch, m, dtype):
     b = rand(rng, (8, 20), dtype)[:, ::2]                            # no unit stride: packed
     check(nbops.matmul(x[:, :8], b, impl="nbops"), x[:, :8] @ b, dtype, 8)
     assert len(calls) == 12
-    assert cpu.gemv_route(1, 16, 5, 3, 1, 1, 7) and not cpu.gemv_route(1, 17, 5, 3, 1, 1, 7)
-    assert not cpu.gemv_route(2, 1, 5, 3, 1, 1, 7) and not cpu.gemv_route(1, 1, 5, 3, 2, 1, 7)
-    assert not cpu.gemv_route(1, 1, 5, 3, 1, 2, 3) and cpu.gemv_route(1, 1, 5, 3, 1, 3, 1)
+    def gemv(*shape):
+        return linalg.plan_gemm(*shape, config=dict(linalg.DEFAULT_CONFIG, STREAM=0),
+                                threads=2).route == "gemv"
+
+    assert gemv(1, 16, 5, 3, 1, 1, 7) and not gemv(1, 17, 5, 3, 1, 1, 7)
+    assert not gemv(2, 1, 5, 3, 1, 1, 7) and not gemv(1, 1, 5, 3, 2, 1, 7)
+    assert not gemv(1, 1, 5, 3, 1, 2, 3) and gemv(1, 1, 5, 3, 1, 3, 1)
 
 
 def rand(rng, shape, dtype=np.float64):
@@ -216,7 +220,7 @@ def test_epilogue_column_groups(monkeypatch, dtype):
     # inside a panel; each element exactly once
     from nbops.cpu import linalg as cpu
 
-    monkeypatch.setattr(cpu, "GEMV_MAX_ROWS", 0)
+    monkeypatch.setattr(linalg, "GEMV_MAX_ROWS", 0)
     rng = np.random.default_rng(12)
     for m, n, k, nc in ((40, 700, 33, 4096), (9, 1000, 20, 4096), (40, 700, 33, 96)):
         monkeypatch.setattr(linalg._cpu_gemm, "default", dict(SMALL, NC=nc))
@@ -311,12 +315,18 @@ def test_stream_route_shapes(stream_route, dtype):
         check(nbops.matmul(xt, wide[:, :k].T, impl="nbops"),
               xt.astype(np.float64) @ wide[:, :k].T, dtype, k)
     assert stream_route and set(stream_route) == {np.dtype(dtype)}
-    from nbops.cpu import linalg as cpu
 
-    assert not cpu.stream_route(1, 513, 64, 64, 1, 64)     # past STREAM_MAX_ROWS
-    assert not cpu.stream_route(1, 64, 64, 64, 2, 64)      # B's columns not contiguous
-    assert not cpu.stream_route(2, 64, 64, 64, 1, 64)      # a batch of products
-    assert not cpu.stream_route(1, 64, 64, 64, 1, 0)       # the config's route off
+    def stream(nbatch, m, n, k, sbk, features):
+        return linalg.plan_gemm(nbatch, m, n, k, 1, sbk, k if sbk == 1 else 1,
+                                dict(linalg.DEFAULT_CONFIG, STREAM=features, SMALL=0),
+                                threads=2).route == "stream"
+
+    assert stream(1, 64, 64, 64, 1, 64) and stream(1, 512, 8, 64, 1, 64)
+    assert not stream(1, 513, 64, 64, 1, 64)     # past STREAM_MAX_ROWS
+    assert not stream(1, 64, 64, 64, 2, 64)      # B's columns not contiguous
+    assert not stream(2, 64, 64, 64, 1, 64)      # a batch of products
+    assert not stream(1, 64, 64, 64, 1, 0)       # the config's route off
+    assert not stream(1, 64, 7, 64, 1, 64)       # fewer columns than a tile
 
 
 @pytest.fixture
@@ -411,14 +421,15 @@ def test_small_route_epilogue(small_route, activation):
 
 
 def test_small_route_rule():
-    from nbops.cpu import linalg as cpu
+    def small(nbatch, m, n, k, bound, threads):
+        return linalg.plan_gemm(nbatch, m, n, k, 1, n, 1, dict(linalg.DEFAULT_CONFIG, SMALL=bound),
+                                threads=threads).route == "small"
 
-    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
-    assert cpu.small_route(f32, 4096, 32, 32, 32, 64, 2)
-    assert cpu.small_route(f64, 2, 64, 3, 64, 64, 2)
-    assert not cpu.small_route(f32, 4096, 32, 65, 32, 64, 2)  # past the bound
-    assert not cpu.small_route(f32, 1, 32, 32, 32, 64, 2)     # fewer products than threads
-    assert not cpu.small_route(f32, 4096, 32, 32, 32, 0, 1)   # route off
+    assert small(4096, 32, 32, 32, 64, 2)
+    assert small(2, 64, 3, 64, 64, 2)
+    assert not small(4096, 32, 65, 32, 64, 2)  # past the bound
+    assert not small(1, 32, 32, 32, 64, 2)     # fewer products than threads
+    assert not small(4096, 32, 32, 32, 0, 1)   # route off
     assert linalg.DEFAULT_CONFIG["SMALL"] > 0
     assert any(c.get("SMALL") == 0 for c in linalg.GEMM_CONFIGS if c["impl"] == "nbops")
 
@@ -711,3 +722,41 @@ def test_linear_backward_unmergeable_rows(small_blocks):
     np.testing.assert_allclose(gx, g @ w, atol=1e-12)
     np.testing.assert_allclose(gw, np.einsum("abo,abi->oi", g, x), atol=1e-12)
     np.testing.assert_allclose(gb, g.sum((0, 1)), atol=1e-12)
+
+
+def test_gemm_plan_names_every_route_and_the_kernel_runs_it(monkeypatch):
+    # the planner holds every route rule (in GEMM_ROUTES order); the CPU
+    # entry runs the route it is handed and refuses one it does not know
+    from nbops.cpu import linalg as cpu
+
+    cfg = linalg.DEFAULT_CONFIG
+
+    def route(nbatch, m, n, k, sak=1, sbk=None, sbn=1, config=cfg, threads=2):
+        sbk = n if sbk is None else sbk
+        plan = linalg.plan_gemm(nbatch, m, n, k, sak, sbk, sbn, config, threads)
+        assert plan.rule == linalg.GEMM_ROUTES[plan.route] and plan.threads == threads
+        return plan.route
+
+    assert route(1, 4, 4, 4, config=dict(cfg, impl="blas")) == "blas"
+    assert route(3, 0, 4, 4) == "empty" and route(1, 4, 4, 0) == "fill"
+    assert route(1, 16, 300, 64) == "gemv" and route(1, 17, 300, 64, sbk=1, sbn=64) == "stream"
+    assert route(64, 32, 32, 32) == "small"
+    assert route(64, 200, 200, 200) == "batched" and route(1, 600, 600, 600) == "tiles"
+    assert route(2, 60, 600, 600) == "batched"                 # one per thread, m <= MC
+    assert route(2, 65, 600, 600) == "tiles"
+    gemv = linalg.plan_gemm(1, 4, 1000, 512, 1, 1, 512, cfg, 2)
+    assert gemv.tasks == min(2 * linalg.GEMV_TASKS_PER_THREAD, 1000 // linalg.GEMV_MIN_COLUMNS)
+    packed = linalg.plan_gemm(1, 600, 600, 600, 1, 600, 1, dict(cfg, MC=96, KC=128, NC=1024), 2)
+    assert packed[3:6] == (96, 128, 1024)
+    seen = []
+    real = cpu.gemm
+    monkeypatch.setattr(cpu, "gemm", lambda *a: seen.append(a[-1]) or real(*a))
+    monkeypatch.setitem(_dispatch._KERNELS, ("gemm", "cpu"), cpu.gemm)
+    a = np.ones((4, 40), np.float32)
+    np.testing.assert_array_equal(nbops.matmul(a, a.T.copy(), impl="nbops"), np.full((4, 4), 40))
+    assert [p.route for p in seen] == ["gemv"]
+    bad = seen[0]._replace(route="warp")
+    with pytest.raises(ValueError, match="unknown route 'warp'"):
+        real(*linalg._operand("matmul", "a", a, ()), *linalg._operand("matmul", "b", a.T, ()),
+             np.empty((1, 4, 4), np.float32), 4, 4, 40, np.empty(0, np.float32), 0,
+             _formulas.params(np.float32), _formulas.consts(np.float32), bad)

@@ -147,7 +147,9 @@ def _packed(a, b, c):
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     args = (abuf, offa, sam, sak, bbuf, offb, sbk, sbn, c.reshape(-1, m, n), m, n, k,
             np.empty(0, c.dtype), 0, _formulas.params(c.dtype), _formulas.consts(c.dtype))
-    return lambda: cpu.gemm(*args, SMALL=0)
+    plan = linalg.plan_gemm(args[8].shape[0], m, n, k, sak, sbk, sbn,
+                            dict(linalg.DEFAULT_CONFIG, SMALL=0, STREAM=0))
+    return lambda: cpu.gemm(*args, plan)
 
 
 def run(groups, dtypes, threads, rounds, pause):

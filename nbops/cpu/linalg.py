@@ -30,18 +30,19 @@ The BLAS route (``gemm_blas``, ``nbops.cpu._blas``) calls SciPy's OpenBLAS
 on bands of C, one per Numba thread, with BLAS on one thread inside each,
 and applies the same epilogue to each band while it is in cache.
 
-Parallelism: ``gemm`` picks one of five drivers. ``_tiles`` (few large
+Parallelism: ``gemm`` runs one of five drivers, the one its plan names
+(:func:`nbops.linalg.plan_gemm` holds every route rule). ``_tiles`` (few large
 products) packs each B panel in parallel, then runs ``prange`` over
 (row block x column chunk) tasks, chunking columns when there are too few
 row blocks to feed every thread. ``_batched`` (many products) runs
 ``prange`` over the batch, one whole product per task. ``_gemv`` (up to 16
-rows) and ``_stream`` (a linear layer's ``x @ W.T`` of up to 512 rows,
-``stream_route``) never copy the weight: ``_stream`` computes ``C^T = W @
+rows) and ``_stream`` (a linear layer's ``x @ W.T`` of up to 512 rows)
+never copy the weight: ``_stream`` computes ``C^T = W @
 x^T`` with the small-product tile reading W's rows where they lie and x^T
 copied once into slivers, well ahead of the packed driver, which copies all
 of W every call (docs/benchmarks.md, GEMM).
 
-Small products (``small_route``: m, n, k all at most the config's
+Small products (m, n, k all at most the config's
 ``SMALL``, default 128, and at least one product per thread) skip packing
 altogether: ``_small`` runs ``prange`` over chunks of the batch and
 computes each product with register tiles that read A and B where they lie
@@ -74,7 +75,7 @@ from .._jit import FASTMATH_REDUCE, cpu_kernel
 from .._runtime import _blas_threads
 from .._tunables import BLAS_BLOCK_BYTES, EPILOGUE_COLS
 from .._tunables import GEMM_TASKS_PER_THREAD as TASKS_PER_THREAD
-from .._tunables import PREFETCH_PRODUCT_BYTES, PREFETCH_ROWS
+from .._tunables import PREFETCH_PRODUCT_BYTES, PREFETCH_ROWS, STREAM_TASKS_PER_THREAD
 from . import activations as _activations  # noqa: F401  (makes the formulas jittable)
 from ._memory import LINE
 from ._memory import prefetch as _prefetch
@@ -363,21 +364,6 @@ def _small_tile_t(abuf, a0, sam, sak, rows, bbuf, b0, sbk, k, outf, c0, ldc, acc
     _tile(k, abuf, a0, sak, sam, bbuf, b0, sbk, outf, c0, ldc, rows, acc)
 
 
-#: Default bound of the small-product route on m, n and k (``SMALL`` in the
-#: GEMM configs, the same default): A, B and C of a 128^3 float32 product
-#: take 192 KiB, well inside a 1-2 MiB L2, and each k x 32 panel of B
-#: (16 KiB) stays in L1 while A streams past it. Ahead of the packed driver
-#: up to 256^3 (docs/benchmarks.md, GEMM); the bound stays at 128 so that
-#: the A rows a tile streams remain in L2.
-SMALL_MAX = 128
-
-
-def small_route(dtype, nbatch, m, n, k, bound, threads):
-    """The documented rule for the non-packing small-product driver: every
-    one of m, n, k at most ``bound`` (0 turns the route off) and at least
-    one product per thread (the driver parallelises over products only).
-    ``dtype`` is part of the rule's signature for tile-dependent rules."""
-    return bound > 0 and max(m, n, k) <= bound and nbatch >= threads
 
 
 #: Register tiles of the small-product path per dtype: (MR, wide NR,
@@ -506,25 +492,6 @@ def small_driver(dtype):
 # ---------------------------------------------------------------------------
 # A linear layer's weight streamed where it lies: C^T = W @ A^T
 
-#: Rows of A (the batch of a linear layer) up to which one product whose B
-#: has contiguous columns (``B = W.T``, W row-major: ``x @ W.T``) takes the
-#: streamed-weight driver where the config enables it (``STREAM``, the
-#: columns of C a task owns). The packed driver copies the whole weight into
-#: slivers every call, as much memory traffic as the product has arithmetic
-#: at 64 rows (docs/benchmarks.md, GEMM). Past this bound the transposed
-#: result (MAX x n) outgrows the caches.
-STREAM_MAX_ROWS = 512
-#: Blocks of C's columns per thread.
-STREAM_TASKS_PER_THREAD = 4
-
-
-def stream_route(nbatch, m, n, k, sbk, features):
-    """The documented rule for the streamed-weight driver: one product of
-    at most ``STREAM_MAX_ROWS`` rows whose B has contiguous columns (a
-    linear layer's weight), at least 8 columns (one register tile of the
-    transposed result), ``features`` (the config's ``STREAM``) > 0."""
-    return (features > 0 and nbatch == 1 and sbk == 1 and n >= 8 and k > 0
-            and m <= STREAM_MAX_ROWS)
 
 
 _st_tile = None
@@ -618,68 +585,47 @@ def drivers(dtype):
     return _make_drivers(dtype)
 
 
-def gemm(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act, prm, cst,
-         MC=64, KC=256, NC=2048, SMALL=SMALL_MAX, STREAM=0):
-    """``out[b] = epilogue(A_b @ B_b + bias)`` for every batch index b.
+def gemm(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act, prm, cst, plan):
+    """``out[b] = epilogue(A_b @ B_b + bias)`` for every batch index b, by
+    the route ``plan`` names (:func:`nbops.linalg.plan_gemm` chose it and
+    its blocks; nothing is decided here).
 
     ``abuf``/``bbuf`` are flat buffers of one dtype, A_b the m x k matrix at
     element ``offa[b]`` with strides (sam, sak), B_b the k x n matrix at
     ``offb[b]`` with strides (sbk, sbn); ``out`` is C-contiguous
     (batch, m, n); ``bias`` has n elements or none; ``act`` is an index
     into ``EPILOGUES``; ``prm``/``cst`` the activation's typed parameters
-    and constants. MC, KC, NC are the cache blocking sizes; products with
-    ``small_route(...)`` true (``SMALL`` bounds m, n and k; 0 turns the
-    route off) go to the non-packing small-product driver, those with
-    ``stream_route(...)`` true (``STREAM``: columns of C per task, 0 off)
-    to the streamed-weight driver (KC deep slices).
+    and constants.
     """
-    nbatch = out.shape[0]
-    if out.size == 0:
+    route, outf = plan.route, out.reshape(-1)
+    if route == "empty":
         return out
-    if k == 0:
-        _fill(out.reshape(-1), nbatch, m, n, bias, act, prm, cst)
-        return out
-    # get_num_threads() is read here: inside a kernel it would make it uncacheable
-    threads = get_num_threads()
-    if gemv_route(nbatch, m, n, k, sak, sbk, sbn):
-        _gemv(abuf, offa[0], sam, bbuf, offb[0], sbk, sbn, out.reshape(-1), m, n, k,
-              bias, act, prm, cst, max(1, min(threads * GEMV_TASKS_PER_THREAD,
-                                              n // GEMV_MIN_COLUMNS)))
-        return out
-    if stream_route(nbatch, m, n, k, sbk, STREAM):
-        stream_driver(out.dtype)(abuf, offa[0], sam, sak, bbuf, offb[0], sbn, out.reshape(-1),
-                                 m, n, k, bias, act, prm, cst, int(KC), int(STREAM), threads)
-        return out
-    if small_route(out.dtype, nbatch, m, n, k, SMALL, threads):
-        small_driver(out.dtype)(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out.reshape(-1),
-                                nbatch, m, n, k, bias, act, prm, cst, threads)
-        return out
-    tiles, batched = drivers(out.dtype)
-    many = nbatch >= TASKS_PER_THREAD * threads or (nbatch >= threads and m <= MC)
-    run = batched if many else tiles
-    run(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out.reshape(-1), nbatch, m, n, k,
-        bias, act, prm, cst, int(MC), int(KC), int(NC), threads)
+    if route == "blas":
+        return gemm_blas(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, out, m, n, k, bias, act,
+                         prm, cst)
+    if route == "fill":
+        _fill(outf, out.shape[0], m, n, bias, act, prm, cst)
+    elif route == "gemv":
+        _gemv(abuf, offa[0], sam, bbuf, offb[0], sbk, sbn, outf, m, n, k, bias, act, prm, cst,
+              plan.tasks)
+    elif route == "stream":
+        stream_driver(out.dtype)(abuf, offa[0], sam, sak, bbuf, offb[0], sbn, outf, m, n, k,
+                                 bias, act, prm, cst, plan.KC, plan.tasks, plan.threads)
+    elif route == "small":
+        small_driver(out.dtype)(abuf, offa, sam, sak, bbuf, offb, sbk, sbn, outf, out.shape[0],
+                                m, n, k, bias, act, prm, cst, plan.threads)
+    elif route in ("tiles", "batched"):
+        drivers(out.dtype)[route == "batched"](
+            abuf, offa, sam, sak, bbuf, offb, sbk, sbn, outf, out.shape[0], m, n, k, bias, act,
+            prm, cst, plan.MC, plan.KC, plan.NC, plan.threads)
+    else:
+        raise ValueError(f"gemm: unknown route {route!r} in {plan}")
     return out
 
 
 # ---------------------------------------------------------------------------
 # Few rows of A (a linear layer at batch 1-16): matrix-vector products
 
-#: Rows of A up to which one product (no batch) is GEMV-shaped: each element
-#: of B is read from memory once and used ``m`` times, too few to pay for
-#: packing it; at 64 rows the packed kernel is ahead again
-#: (docs/benchmarks.md, GEMM).
-GEMV_MAX_ROWS = 16
-#: Column blocks per thread and the least columns per block.
-GEMV_TASKS_PER_THREAD = 4
-GEMV_MIN_COLUMNS = 16
-
-
-def gemv_route(nbatch, m, n, k, sak, sbk, sbn):
-    """The documented rule for the matrix-vector route: one product of at
-    most ``GEMV_MAX_ROWS`` rows whose A rows and either B's columns (a
-    linear layer's weight, B = W.T) or B's rows are contiguous."""
-    return nbatch == 1 and m <= GEMV_MAX_ROWS and k > 0 and sak == 1 and (sbk == 1 or sbn == 1)
 
 
 @cpu_kernel(parallel=True, fastmath=FASTMATH_REDUCE)
