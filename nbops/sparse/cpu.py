@@ -25,7 +25,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, register_jitable
 
 from .._jit import FASTMATH_REDUCE, cpu_kernel
-from .._scalars import merge_rows
+from .._scalars import merge_rows, stable_argsort
 from .._tunables import SPARSE_AHEAD as _AHEAD, SPARSE_CHUNKS_PER_THREAD as _CHUNKS_PER_THREAD
 from .._tunables import SPARSE_GRAIN as _GRAIN
 from ..cpu import _memory
@@ -623,6 +623,9 @@ def counting_sort(keys, n_keys, ptr, perm):
 # Canonical form: columns sorted within rows, duplicates summed
 
 
+_stable_argsort = register_jitable(stable_argsort)
+
+
 @cpu_kernel(parallel=True)
 def _canonical_order(indices, indptr, order, counts, merge, n_chunks):
     for t in prange(n_chunks):
@@ -634,57 +637,12 @@ def _canonical_order(indices, indptr, order, counts, merge, n_chunks):
         for r in range(r0, r1):
             a = indptr[r]
             b = indptr[r + 1]
-            _stable_argsort(indices, a, b, order, scratch)
+            _stable_argsort(indices, a, b, order, scratch, 0)
             c = 0
             for i in range(a, b):
                 if not merge or i == a or indices[order[i]] != indices[order[i - 1]]:
                     c += 1
             counts[r + 1] = c
-
-
-#: Runs sorted by insertion before the merge passes begin.
-_RUN = 16
-
-
-@register_jitable
-def _stable_argsort(keys, a, b, order, scratch):
-    # order[a:b] = the positions a..b-1 sorted stably by keys: insertion sort
-    # of short runs, then bottom-up merges through ``scratch``. Hand-written
-    # because np.argsort(kind="mergesort") took 17 s to compile per dtype.
-    for i in range(a, b):
-        order[i] = i
-    for r0 in range(a, b, _RUN):
-        r1 = min(b, r0 + _RUN)
-        for i in range(r0 + 1, r1):
-            p = order[i]
-            j = i
-            while j > r0 and keys[order[j - 1]] > keys[p]:
-                order[j] = order[j - 1]
-                j -= 1
-            order[j] = p
-    width = _RUN
-    while width < b - a:
-        for l0 in range(a, b, 2 * width):
-            mid = min(b, l0 + width)
-            hi = min(b, l0 + 2 * width)
-            if mid >= hi or keys[order[mid - 1]] <= keys[order[mid]]:
-                continue  # already in order
-            n = mid - l0
-            scratch[:n] = order[l0:mid]
-            i, j, k = 0, mid, l0
-            while i < n and j < hi:
-                if keys[order[j]] < keys[scratch[i]]:
-                    order[k] = order[j]
-                    j += 1
-                else:
-                    order[k] = scratch[i]
-                    i += 1
-                k += 1
-            while i < n:
-                order[k] = scratch[i]
-                i += 1
-                k += 1
-        width *= 2
 
 
 @cpu_kernel(parallel=True)

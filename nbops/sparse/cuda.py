@@ -32,7 +32,7 @@ import math
 import numpy as np
 from numba import cuda, from_dtype, int64
 
-from .._scalars import merge_rows
+from .._scalars import merge_rows, stable_argsort
 from ..cuda._launch import THREADS, grid_1d
 
 __all__ = ["spmv", "spmm", "sddmm", "row_softmax", "row_softmax_backward", "scale",
@@ -394,50 +394,7 @@ def expand_rows(indptr, rows):
     return rows
 
 
-#: Runs sorted by insertion before the merge passes of :func:`_argsort`.
-_RUN = 16
-
-
-@cuda.jit(device=True)
-def _argsort(keys, a, b, order, scratch):
-    # order[a:b] = the positions a..b-1 sorted stably by keys: insertion sort
-    # of short runs, then bottom-up merges through scratch[a:b] (the same
-    # algorithm as the CPU kernel's, so equal keys keep their order)
-    for i in range(a, b):
-        order[i] = i
-    for r0 in range(a, b, _RUN):
-        r1 = min(b, r0 + _RUN)
-        for i in range(r0 + 1, r1):
-            p = order[i]
-            j = i
-            while j > r0 and keys[order[j - 1]] > keys[p]:
-                order[j] = order[j - 1]
-                j -= 1
-            order[j] = p
-    width = _RUN
-    while width < b - a:
-        for l0 in range(a, b, 2 * width):
-            mid = min(b, l0 + width)
-            hi = min(b, l0 + 2 * width)
-            if mid < hi and keys[order[mid - 1]] > keys[order[mid]]:
-                for i in range(l0, mid):
-                    scratch[i] = order[i]
-                i = l0
-                j = mid
-                k = l0
-                while i < mid and j < hi:
-                    if keys[order[j]] < keys[scratch[i]]:
-                        order[k] = order[j]
-                        j += 1
-                    else:
-                        order[k] = scratch[i]
-                        i += 1
-                    k += 1
-                while i < mid:
-                    order[k] = scratch[i]
-                    i += 1
-                    k += 1
-        width *= 2
+_argsort = cuda.jit(device=True)(stable_argsort)
 
 
 @cuda.jit
@@ -460,7 +417,7 @@ def _sort_slots(slot, ptr, order, scratch, perm):
     for c in range(cuda.grid(1), ptr.size - 1, cuda.gridsize(1)):
         a = ptr[c]
         b = ptr[c + 1]
-        _argsort(slot, a, b, order, scratch)
+        _argsort(slot, a, b, order, scratch, a)
         for i in range(a, b):
             perm[i] = slot[order[i]]
 
@@ -489,7 +446,7 @@ def _canonical_order(indices, indptr, order, scratch, counts, merge):
     for r in range(cuda.grid(1), indptr.size - 1, cuda.gridsize(1)):
         a = indptr[r]
         b = indptr[r + 1]
-        _argsort(indices, a, b, order, scratch)
+        _argsort(indices, a, b, order, scratch, a)
         c = 0
         for i in range(a, b):
             if not merge or i == a or indices[order[i]] != indices[order[i - 1]]:
