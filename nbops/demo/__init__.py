@@ -43,7 +43,11 @@ def run_tasks(cfg, only=None):
     data = C.load_digits(cfg)
     results, histories, extras = [], {}, {}
     names = [name for name in TASKS if not only or name in only]
-    C.Ahead.start(cfg, names[1:])
+    if cfg.ahead:
+        _run_ahead(cfg, data, names)
+        return results, histories, extras
+    if len(names) > 1 or hasattr(task_module(names[0]), "ahead"):
+        C.Ahead.start(cfg, names)
     for i, name in enumerate(names):
         if i:
             C.settle()
@@ -53,6 +57,18 @@ def run_tasks(cfg, only=None):
         results += rows
         histories[name], extras[name] = history, extra
     return results, histories, extras
+
+
+def _run_ahead(cfg, data, names):
+    # The second process of C.Ahead: the later tasks last first, then what
+    # the first task compiles after its training, so that it meets the
+    # first process (done training, starting on the same step) as late as
+    # possible and the two share the compiling until then.
+    for name in names[:0:-1]:
+        task_module(name).run(cfg, data)
+    first = task_module(names[0])
+    if hasattr(first, "ahead"):
+        first.ahead(cfg, data)
 
 
 def task_module(name):
@@ -110,13 +126,14 @@ def main(argv=None, args=None, task=None):
         args = C.add_options(parser, None if task else list(TASKS)).parse_args(argv)
     only = [task] if task else args.only
     if args.jobs is None:
-        args.jobs = 2 if C.cores() >= 2 else 1
+        args.jobs = 2 if C.cores() >= 2 and not args.smoke else 1
     cfg = C.config_from(args)
     ahead_report = os.environ.pop(C.Ahead.REPORT, None)
     if ahead_report:  # this is the second process of another run's Ahead
         from ..warmup import claim_kernels
 
         claim_kernels(os.environ.pop(C.Ahead.CLAIMS))
+        C.Ahead.inside = True
     if cfg.device == "cuda" and not nbops.cuda_available():
         print("nbops demo: --device cuda, but no CUDA device (nor the simulator, "
               "NUMBA_ENABLE_CUDASIM=1) is available", file=sys.stderr)
@@ -133,8 +150,8 @@ def main(argv=None, args=None, task=None):
     C.Ahead.current = None
     print()
     print("\n".join(C.summary_table(results)))
-    also = (f" (and {ahead.seconds:.1f} s in a second process compiling the later tasks' "
-            "kernels meanwhile)" if ahead is not None else "")
+    also = (f" (and {ahead.seconds:.1f} s in a second process compiling ahead)"
+            if ahead is not None else "")
     print(f"\ntotal {wall:.1f} s, of which {clock.seconds:.1f} s compiling or loading "
           f"kernels (Numba's compiler events){also}; latency = median ms per call")
     for path in write_plots(cfg, histories, extras):

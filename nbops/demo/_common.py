@@ -7,6 +7,7 @@ user would write: build a model, train it with :func:`train`, measure it,
 return :class:`Result` rows and a history for the plots.
 """
 
+import argparse
 import dataclasses
 import os
 import sys
@@ -40,10 +41,14 @@ class Config:
     #: the smallest settings (8 images, one epoch, layers a few units wide):
     #: the code path alone, for tests and the CUDA simulator
     smoke: bool = False
-    #: processes compiling kernels: 2 runs the later tasks' ``--quick``
-    #: twins in a second process while the first task runs (see ``Ahead``);
-    #: None picks 2 on a CPU run with 2+ cores
+    #: processes compiling kernels: 2 compiles ahead in a second process
+    #: while the first task trains (see ``Ahead``); None picks 2 on a CPU
+    #: run with 2+ cores (not for ``--smoke``)
     jobs: int = 1
+    #: this process is another run's :class:`Ahead`: the first task's
+    #: ``ahead`` (what it compiles after training) instead of its run, and
+    #: latencies of one call (their kernels are what it is here for)
+    ahead: bool = False
 
     def __post_init__(self):
         # The documented default GEMM configs unless the user asks for tuning:
@@ -84,8 +89,9 @@ def add_options(parser, tasks=None):
                         help="use at most N training and N test images")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
                         help="1: compile in this process only; 2 (default with 2+ cores): "
-                             "the later tasks' kernels compile in a second process while "
-                             "the first task runs")
+                             "a second process compiles what the later steps need while "
+                             "the first task trains")
+    parser.add_argument("--ahead", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--smoke", action="store_true",
                         help="smallest settings (8 images, 1 epoch, narrow layers): checks "
                              "the code path, e.g. in the CUDA simulator")
@@ -279,10 +285,12 @@ class CompileClock:
 
 
 class Ahead:
-    """A second process compiling the later tasks' kernels while the first
-    task runs, on a machine with 2+ cores: it runs those tasks with
-    ``--quick`` (the same code path and layer sizes, so the same kernels;
-    ``--smoke`` for a smoke run), quietly, into the shared disk cache. Both processes claim each kernel
+    """A second process compiling kernels while the first task trains, on
+    a machine with 2+ cores: it runs the later tasks with ``--quick`` (the
+    same code path and layer sizes, so the same kernels; ``--smoke`` for a
+    smoke run), the last first, then the first task's ``ahead`` (what that
+    task compiles after training, on an untrained model), quietly, into the
+    shared disk cache. Both processes claim each kernel
     before compiling it (:func:`nbops.warmup.claim_kernels`), so that none
     compiles twice and no two write one cache entry; a process reaching a
     kernel the other is compiling waits and then loads it.
@@ -292,6 +300,8 @@ class Ahead:
     nothing measured shares the cores with it."""
 
     current = None
+    #: True in the second process itself
+    inside = False
     #: environment variables: the claims folder, the file for its compile seconds
     CLAIMS, REPORT = "NBOPS_DEMO_CLAIMS", "NBOPS_DEMO_AHEAD_REPORT"
 
@@ -301,7 +311,7 @@ class Ahead:
         self.folder, self.report, self.seconds = folder, os.path.join(folder, "compile_s"), 0.0
         env = dict(os.environ, **{self.CLAIMS: folder, self.REPORT: self.report})
         argv = [sys.executable, "-m", "nbops", "demo", "--smoke" if cfg.smoke else "--quick",
-                "--quiet", "--no-plots",
+                "--ahead", "--quiet", "--no-plots",
                 "--jobs", "1", "--device", cfg.device, "--seed", str(cfg.seed),
                 "--split-seed", str(cfg.split_seed), "--out", folder, "--only", *tasks]
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
@@ -309,8 +319,8 @@ class Ahead:
 
     @classmethod
     def start(cls, cfg, tasks):
-        """Start the process for ``tasks`` (the tasks after the first) when
-        it can help: a CPU run of 2+ tasks with ``jobs`` > 1, and claims
+        """Start the process for ``tasks`` (all of the run's, the first
+        included) when it can help: a CPU run with ``jobs`` > 1, and claims
         possible in this process (file locks, no kernel compiled here yet)."""
         import atexit
         import shutil
@@ -355,9 +365,12 @@ def settle():
 def latency(fn, x, budget=0.25, most=200):
     """Median seconds of ``fn(x)`` after one warm-up call, over as many
     calls as fit in ``budget`` seconds (at least 3, at most ``most``).
-    Device results are copied back, so a CUDA figure includes the copy."""
+    Device results are copied back, so a CUDA figure includes the copy.
+    NaN in an :class:`Ahead` process, after the one call."""
     settle()
     host(fn(x))
+    if Ahead.inside:
+        return float("nan")
     times = []
     end = time.perf_counter() + budget
     while len(times) < 3 or (len(times) < most and time.perf_counter() < end):
