@@ -46,8 +46,7 @@ def run_tasks(cfg, only=None):
     if cfg.ahead:
         _run_ahead(cfg, data, names)
         return results, histories, extras
-    if len(names) > 1 or hasattr(task_module(names[0]), "ahead"):
-        C.Ahead.start(cfg, names)
+    C.Ahead.start(cfg, names[1:])
     for i, name in enumerate(names):
         if i:
             C.settle()
@@ -60,15 +59,11 @@ def run_tasks(cfg, only=None):
 
 
 def _run_ahead(cfg, data, names):
-    # The second process of C.Ahead: the later tasks last first, then what
-    # the first task compiles after its training, so that it meets the
-    # first process (done training, starting on the same step) as late as
-    # possible and the two share the compiling until then.
-    for name in names[:0:-1]:
+    # The second process of C.Ahead: the later tasks, the last first, so
+    # that it meets the first process (arriving at the second task) as late
+    # as possible.
+    for name in names[::-1]:
         task_module(name).run(cfg, data)
-    first = task_module(names[0])
-    if hasattr(first, "ahead"):
-        first.ahead(cfg, data)
 
 
 def task_module(name):

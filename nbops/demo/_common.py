@@ -45,9 +45,8 @@ class Config:
     #: while the first task trains (see ``Ahead``); None picks 2 on a CPU
     #: run with 2+ cores (not for ``--smoke``)
     jobs: int = 1
-    #: this process is another run's :class:`Ahead`: the first task's
-    #: ``ahead`` (what it compiles after training) instead of its run, and
-    #: latencies of one call (their kernels are what it is here for)
+    #: this process is another run's :class:`Ahead` (the later tasks, the
+    #: last first; latencies of one call)
     ahead: bool = False
 
     def __post_init__(self):
@@ -285,12 +284,10 @@ class CompileClock:
 
 
 class Ahead:
-    """A second process compiling kernels while the first task trains, on
-    a machine with 2+ cores: it runs the later tasks with ``--quick`` (the
+    """A second process compiling kernels while the first task runs, on a
+    machine with 2+ cores: it runs the later tasks with ``--quick`` (the
     same code path and layer sizes, so the same kernels; ``--smoke`` for a
-    smoke run), the last first, then the first task's ``ahead`` (what that
-    task compiles after training, on an untrained model), quietly, into the
-    shared disk cache. Both processes claim each kernel
+    smoke run), the last first, quietly, into the shared disk cache. Both processes claim each kernel
     before compiling it (:func:`nbops.warmup.claim_kernels`), so that none
     compiles twice and no two write one cache entry; a process reaching a
     kernel the other is compiling waits and then loads it.
@@ -308,7 +305,8 @@ class Ahead:
     def __init__(self, cfg, tasks, folder):
         import subprocess
 
-        self.folder, self.report, self.seconds = folder, os.path.join(folder, "compile_s"), 0.0
+        self.folder, self.report = folder, os.path.join(folder, "compile_s")
+        self.seconds, self.done = 0.0, False
         env = dict(os.environ, **{self.CLAIMS: folder, self.REPORT: self.report})
         argv = [sys.executable, "-m", "nbops", "demo", "--smoke" if cfg.smoke else "--quick",
                 "--ahead", "--quiet", "--no-plots",
@@ -319,9 +317,9 @@ class Ahead:
 
     @classmethod
     def start(cls, cfg, tasks):
-        """Start the process for ``tasks`` (all of the run's, the first
-        included) when it can help: a CPU run with ``jobs`` > 1, and claims
-        possible in this process (file locks, no kernel compiled here yet)."""
+        """Start the process for ``tasks`` (the run's after the first) when
+        it can help: a CPU run with ``jobs`` > 1, and claims possible in this
+        process (file locks, no kernel compiled here yet)."""
         import atexit
         import shutil
         import tempfile
@@ -339,9 +337,12 @@ class Ahead:
         return cls.current
 
     def wait(self):
-        """Wait for the process; its compile seconds (0 if it failed: this
-        process then compiles what it needs itself)."""
+        """Wait for the process (once); its compile seconds (0 if it failed:
+        this process then compiles what it needs itself)."""
+        if self.done:
+            return self.seconds
         self.proc.wait()
+        self.done = True
         try:
             with open(self.report) as f:
                 self.seconds = float(f.read())
@@ -358,7 +359,7 @@ def cores():
 def settle():
     """Wait for the background compile process of :class:`Ahead`, if one
     runs, so that what is measured next has the cores to itself."""
-    if Ahead.current is not None and Ahead.current.proc.poll() is None:
+    if Ahead.current is not None:
         Ahead.current.wait()
 
 
@@ -378,6 +379,28 @@ def latency(fn, x, budget=0.25, most=200):
         host(fn(x))
         times.append(time.perf_counter() - t)
     return float(np.median(times))
+
+
+class Timings:
+    """Latencies a task measures together at its end, after every model it
+    times has run once (its kernels compiled): ``add`` a row and the
+    function to time, ``run`` fills the rows' ``latency_1`` / ``latency_256``
+    and returns the latency chart's bars, ``{bar: {batch: seconds}}``."""
+
+    def __init__(self):
+        self.jobs = []
+
+    def add(self, row, fn, one, batch, bar=None):
+        """Time ``fn`` on ``one`` (batch 1) and ``batch`` (256) for ``row``."""
+        self.jobs.append((row, fn, one, batch, bar))
+
+    def run(self):
+        bars = {}
+        for row, fn, one, batch, bar in self.jobs:
+            row.latency_1, row.latency_256 = latency(fn, one), latency(fn, batch)
+            if bar:
+                bars[bar] = {1: row.latency_1, 256: row.latency_256}
+        return bars
 
 
 @dataclasses.dataclass

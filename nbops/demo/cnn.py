@@ -66,16 +66,17 @@ def numpy_forward(fused, x):
     return x
 
 
-def _onnx_step(cfg, fused, x_test, y_test, reference):
-    """Export ``fused`` to ONNX and run it back; rows for the table and
-    latencies for the chart, or a 'skipped' row naming what is missing."""
+def _onnx_step(cfg, fused, x_test, y_test, reference, timings):
+    """Export ``fused`` to ONNX and run it back (and through onnxruntime
+    where installed); rows for the table, their latencies left to
+    ``timings``, or a 'skipped' row naming what is missing."""
     api = {}
     for name in ("export", "InferenceSession"):
         try:   # nbops.onnx loads its parts lazily: a missing part is an ImportError
             api[name] = getattr(__import__("nbops.onnx", fromlist=[name]), name)
         except (ImportError, AttributeError) as exc:
             return [C.Result("cnn onnx", float("nan"),
-                             note=f"skipped: nbops.onnx.{name} not available ({exc})")], {}
+                             note=f"skipped: nbops.onnx.{name} not available ({exc})")]
     os.makedirs(cfg.out, exist_ok=True)
     path = os.path.join(cfg.out, "digits_cnn.onnx")
     example = np.ascontiguousarray(x_test[:1])
@@ -86,20 +87,18 @@ def _onnx_step(cfg, fused, x_test, y_test, reference):
     def run(xb):
         return session.run(None, {name: xb})[0]
 
-    rows, bars = [], {}
+    rows = []
     pred = C.host(run(x_test)).argmax(axis=1)
     same = int((pred == reference).sum())
     rows.append(C.Result("cnn onnx (nbops)", float((pred == y_test).mean()),
-                         latency_1=C.latency(run, example),
-                         latency_256=C.latency(run, x_test[:256]),
                          note=f"{same}/{len(reference)} predictions as fused"))
-    bars["nbops.onnx"] = {1: rows[-1].latency_1, 256: rows[-1].latency_256}
+    timings.add(rows[-1], run, example, x_test[:256], bar="nbops.onnx")
     try:
         import onnxruntime as ort
     except ImportError:
         rows.append(C.Result("cnn onnxruntime", float("nan"),
                              note="skipped: onnxruntime not installed (optional peer)"))
-        return rows, bars
+        return rows
     options = ort.SessionOptions()
     options.intra_op_num_threads = nbops.get_num_threads()   # the same cores as nbops
     ort_session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
@@ -111,11 +110,16 @@ def _onnx_step(cfg, fused, x_test, y_test, reference):
     pred = run_ort(x_test).argmax(axis=1)
     same = int((pred == reference).sum())
     rows.append(C.Result("cnn onnxruntime", float((pred == y_test).mean()),
-                         latency_1=C.latency(run_ort, example),
-                         latency_256=C.latency(run_ort, x_test[:256]),
                          note=f"{same}/{len(reference)} predictions as fused"))
-    bars["onnxruntime"] = {1: rows[-1].latency_1, 256: rows[-1].latency_256}
-    return rows, bars
+    timings.add(rows[-1], run_ort, example, x_test[:256], bar="onnxruntime")
+    return rows
+
+
+def _inputs(data):
+    # (n, 1, 8, 8): one input channel; standardised with the training statistics
+    mean, std = data.x_train.mean(), data.x_train.std()
+    return tuple(((x - mean) / std)[:, None].astype(np.float32)
+                 for x in (data.x_train, data.x_test))
 
 
 def run(cfg, data=None):
@@ -123,10 +127,7 @@ def run(cfg, data=None):
     extras holds the latency bars and the test predictions."""
     data = data or C.load_digits(cfg)
     rng = np.random.default_rng(cfg.seed)
-    # (n, 1, 8, 8): one input channel; standardised with the training statistics
-    mean, std = data.x_train.mean(), data.x_train.std()
-    x_train = ((data.x_train - mean) / std)[:, None].astype(np.float32)
-    x_test = ((data.x_test - mean) / std)[:, None].astype(np.float32)
+    x_train, x_test = _inputs(data)
     xt_dev = C.move(cfg, x_test)
 
     model = build_model(rng, cfg.size(16, 2), cfg.size(32, 2))
@@ -152,8 +153,14 @@ def run(cfg, data=None):
         history, train_s = C.train(cfg, "cnn", len(x_train), BATCH,
                                    cfg.epochs(*EPOCHS), step, evaluate)
     model.eval()
-    compile_s = clock.seconds
+    return _serve(cfg, model, data, x_train, x_test, history, train_s, clock.seconds)
 
+
+def _serve(cfg, model, data, x_train, x_test, history, train_s, compile_s):
+    """Steps 2-4 on the trained ``model`` (eval mode): fused, int8, ONNX.
+    Every model runs once first; the latencies are measured together at
+    the end (``C.Timings``)."""
+    timings = C.Timings()
     # --- fold and fuse for inference -------------------------------------------
     # to() after the copy: a deep copy of device arrays need not stay on the device
     fused = nn.fuse_modules(copy.deepcopy(model)).to(cfg.device)
@@ -173,26 +180,21 @@ def run(cfg, data=None):
     numpy_same = int((numpy_logits.argmax(axis=1) == reference).sum())
     one, batch = x_test[:1], x_test[:256]
     results = [
-        C.Result("cnn", C.accuracy(plain_logits, data.y_test), train_s,
-                 C.latency(infer(model), one), C.latency(infer(model), batch), cfg.device,
-                 compile_s, "unfused, eval mode"),
-        C.Result("cnn fused", C.accuracy(fused_logits, data.y_test), float("nan"),
-                 C.latency(infer(fused), one), C.latency(infer(fused), batch), cfg.device,
-                 float("nan"), f"{same}/{len(reference)} predictions as unfused"),
-        C.Result("cnn numpy", C.accuracy(numpy_logits, data.y_test), float("nan"),
-                 C.latency(lambda xb: numpy_forward(fused, xb), one),
-                 C.latency(lambda xb: numpy_forward(fused, xb), batch), "cpu", float("nan"),
-                 f"NumPy formulation, {numpy_same}/{len(reference)} as fused")]
-    bars = {"nbops unfused": {1: results[0].latency_1, 256: results[0].latency_256},
-            "nbops fused": {1: results[1].latency_1, 256: results[1].latency_256},
-            "NumPy": {1: results[2].latency_1, 256: results[2].latency_256}}
+        C.Result("cnn", C.accuracy(plain_logits, data.y_test), train_s, device=cfg.device,
+                 compile_s=compile_s, note="unfused, eval mode"),
+        C.Result("cnn fused", C.accuracy(fused_logits, data.y_test), device=cfg.device,
+                 note=f"{same}/{len(reference)} predictions as unfused"),
+        C.Result("cnn numpy", C.accuracy(numpy_logits, data.y_test),
+                 note=f"NumPy formulation, {numpy_same}/{len(reference)} as fused")]
+    timings.add(results[0], infer(model), one, batch, bar="nbops unfused")
+    timings.add(results[1], infer(fused), one, batch, bar="nbops fused")
+    timings.add(results[2], lambda xb: numpy_forward(fused, xb), one, batch, bar="NumPy")
     cfg.say(f"  fused: {same}/{len(reference)} predictions identical to the unfused model")
 
     # --- int8 static quantization (CPU kernels), calibrated on training images --
-    # int8 and ONNX run on the CPU (quant.convert's default device)
-    model.to("cpu")
-    fused.to("cpu")
-    host_model = copy.deepcopy(model)
+    # int8 and ONNX run on the CPU (quant.convert's default device), on copies
+    host_model = copy.deepcopy(model).to("cpu")
+    host_fused = copy.deepcopy(fused).to("cpu")
     with C.CompileClock() as clock:
         t0 = time.perf_counter()
         observed = quant.prepare(host_model)
@@ -203,23 +205,21 @@ def run(cfg, data=None):
         quant_s = time.perf_counter() - t0
     q_acc = C.accuracy(q_logits, data.y_test)
     drop = results[1].accuracy - q_acc
-    results.append(C.Result("cnn int8", q_acc, quant_s, C.latency(qmodel, one),
-                            C.latency(qmodel, batch), "cpu", clock.seconds,
-                            f"static, {drop * 100:.2f} points below fused float "
-                            "(train s: calibration)"))
-    bars["nbops int8"] = {1: results[-1].latency_1, 256: results[-1].latency_256}
+    results.append(C.Result("cnn int8", q_acc, quant_s, compile_s=clock.seconds,
+                            note=f"static, {drop * 100:.2f} points below fused float "
+                                 "(train s: calibration)"))
+    timings.add(results[-1], qmodel, one, batch, bar="nbops int8")
 
     # --- ONNX round trip of the fused float model ---------------------------------
     with C.CompileClock() as clock:
-        rows, onnx_bars = _onnx_step(cfg, fused, x_test,
-                                     data.y_test, reference)
+        rows = _onnx_step(cfg, host_fused, x_test, data.y_test, reference, timings)
     if rows and rows[0].note.startswith("skipped"):
         cfg.say(f"  onnx: {rows[0].note}")
     else:
         rows[0].compile_s = clock.seconds
     results += rows
-    bars.update(onnx_bars)
-    return results, history, {"latency": bars, "labels": data.y_test, "predicted": reference}
+    return results, history, {"latency": timings.run(), "labels": data.y_test,
+                               "predicted": reference}
 
 
 def main(argv=None):
