@@ -311,22 +311,25 @@ class Ahead:
         argv = [sys.executable, "-m", "nbops", "demo", "--smoke" if cfg.smoke else "--quick",
                 "--ahead", "--quiet", "--no-plots",
                 "--jobs", "1", "--device", cfg.device, "--seed", str(cfg.seed),
-                "--split-seed", str(cfg.split_seed), "--out", folder, "--only", *tasks]
+                "--split-seed", str(cfg.split_seed), "--out", folder, "--only", *tasks[1:]]
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     @classmethod
     def start(cls, cfg, tasks):
-        """Start the process for ``tasks`` (the run's after the first) when
-        it can help: a CPU run with ``jobs`` > 1, and claims possible in this
-        process (file locks, no kernel compiled here yet)."""
+        """Start the process for the run's ``tasks`` after the first when it
+        can help: a CPU run with ``jobs`` > 1, the cache not known warm
+        (:func:`warm_marker`), and claims possible in this process (file
+        locks, no kernel compiled here yet)."""
         import atexit
         import shutil
         import tempfile
 
         from ..warmup import claim_kernels
 
-        if cfg.jobs < 2 or cfg.device != "cpu" or not tasks:
+        if cfg.jobs < 2 or cfg.device != "cpu" or not tasks[1:]:
+            return None
+        if os.path.exists(warm_marker(cfg, tasks)):
             return None
         folder = tempfile.mkdtemp(prefix="nbops-demo-ahead-")
         # kept until exit: this process's claims take their locks in it
@@ -349,6 +352,27 @@ class Ahead:
         except (OSError, ValueError):
             self.seconds = 0.0
         return self.seconds
+
+
+def warm_marker(cfg, tasks):
+    """The file a finished run of ``tasks`` leaves once the disk cache holds
+    their kernels, named by what those kernels depend on (every nbops
+    source and where it lies, Numba's version, the cache folder, the mode):
+    a later run finding it starts no second process, whose work would only
+    compete with the timings."""
+    import hashlib
+    import pathlib
+
+    import numba
+
+    from .._codegen import cache_dir
+
+    root = pathlib.Path(nbops.__file__).parent
+    h = hashlib.sha256(f"{numba.__version__} {os.environ.get('NUMBA_CACHE_DIR', '')} "
+                       f"{sys.executable} {root} {cfg.smoke} {tasks}".encode())
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.read_bytes())
+    return os.path.join(cache_dir(), f"demo-warm-{h.hexdigest()[:24]}")
 
 
 def cores():
