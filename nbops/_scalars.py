@@ -11,7 +11,8 @@ import math
 from ._formulas import m as approx  # lazy nbops.cpu._approx; math twins on CUDA
 
 __all__ = ["offsets", "sgd_update", "adam_update", "row_max", "row_sum_exp", "row_loss",
-           "row_grad", "bce_term", "bce_grad_term", "merge_rows", "stable_argsort"]
+           "row_grad", "bce_term", "bce_grad_term", "merge_rows", "stable_argsort",
+           "canonical_count", "canonical_fill_row"]
 
 
 def offsets(u, shape, dstr, sstr, doff, soff, skip0, skip1):
@@ -180,3 +181,30 @@ def stable_argsort(keys, a, b, order, scratch, s0):
                 i += 1
                 k += 1
         width *= 2
+
+
+def canonical_count(indices, a, b, order, merge):
+    """Entries of a CSR row (positions a..b-1, ``order`` their column-sorted
+    permutation) in canonical form: all of them, or with ``merge`` the
+    distinct columns."""
+    c = 0
+    for i in range(a, b):
+        if not merge or i == a or indices[order[i]] != indices[order[i - 1]]:
+            c += 1
+    return c
+
+
+def canonical_fill_row(r, data, indices, indptr, order, merge, new_ptr, new_data, new_indices):
+    """Row ``r`` of the canonical matrix: its entries in column order from
+    ``new_ptr[r]``, with ``merge`` duplicates summed in that order (so both
+    devices add them alike)."""
+    p = new_ptr[r] - 1
+    for i in range(indptr[r], indptr[r + 1]):
+        src = order[i]
+        col = indices[src]
+        if merge and p >= new_ptr[r] and new_indices[p] == col:
+            new_data[p] += data[src]
+        else:
+            p += 1
+            new_data[p] = data[src]
+            new_indices[p] = col

@@ -25,7 +25,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, register_jitable
 
 from .._jit import FASTMATH_REDUCE, cpu_kernel
-from .._scalars import merge_rows, stable_argsort
+from .._scalars import canonical_count, canonical_fill_row, merge_rows, stable_argsort
 from .._tunables import SPARSE_AHEAD as _AHEAD, SPARSE_CHUNKS_PER_THREAD as _CHUNKS_PER_THREAD
 from .._tunables import SPARSE_GRAIN as _GRAIN
 from ..cpu import _memory
@@ -624,6 +624,8 @@ def counting_sort(keys, n_keys, ptr, perm):
 
 
 _stable_argsort = register_jitable(stable_argsort)
+_canonical_count = register_jitable(canonical_count)
+_canonical_fill_row = register_jitable(canonical_fill_row)
 
 
 @cpu_kernel(parallel=True)
@@ -638,11 +640,7 @@ def _canonical_order(indices, indptr, order, counts, merge, n_chunks):
             a = indptr[r]
             b = indptr[r + 1]
             _stable_argsort(indices, a, b, order, scratch, 0)
-            c = 0
-            for i in range(a, b):
-                if not merge or i == a or indices[order[i]] != indices[order[i - 1]]:
-                    c += 1
-            counts[r + 1] = c
+            counts[r + 1] = _canonical_count(indices, a, b, order, merge)
 
 
 @cpu_kernel(parallel=True)
@@ -651,16 +649,8 @@ def _canonical_fill(data, indices, indptr, order, merge, new_ptr, new_data, new_
     for t in prange(n_chunks):
         r0, r1 = _row_range(t, n_chunks, indptr)
         for r in range(r0, r1):
-            p = new_ptr[r] - 1
-            for i in range(indptr[r], indptr[r + 1]):
-                src = order[i]
-                col = indices[src]
-                if merge and p >= new_ptr[r] and new_indices[p] == col:
-                    new_data[p] += data[src]
-                else:
-                    p += 1
-                    new_data[p] = data[src]
-                    new_indices[p] = col
+            _canonical_fill_row(r, data, indices, indptr, order, merge, new_ptr, new_data,
+                                new_indices)
 
 
 def canonicalize(data, indices, indptr, merge):

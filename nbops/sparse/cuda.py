@@ -32,7 +32,7 @@ import math
 import numpy as np
 from numba import cuda, from_dtype, int64
 
-from .._scalars import merge_rows, stable_argsort
+from .._scalars import canonical_count, canonical_fill_row, merge_rows, stable_argsort
 from ..cuda._launch import THREADS, grid_1d
 
 __all__ = ["spmv", "spmm", "sddmm", "row_softmax", "row_softmax_backward", "scale",
@@ -395,6 +395,8 @@ def expand_rows(indptr, rows):
 
 
 _argsort = cuda.jit(device=True)(stable_argsort)
+_canonical_count = cuda.jit(device=True)(canonical_count)
+_canonical_fill_row = cuda.jit(device=True)(canonical_fill_row)
 
 
 @cuda.jit
@@ -447,11 +449,7 @@ def _canonical_order(indices, indptr, order, scratch, counts, merge):
         a = indptr[r]
         b = indptr[r + 1]
         _argsort(indices, a, b, order, scratch, a)
-        c = 0
-        for i in range(a, b):
-            if not merge or i == a or indices[order[i]] != indices[order[i - 1]]:
-                c += 1
-        counts[r + 1] = c
+        counts[r + 1] = _canonical_count(indices, a, b, order, merge)
         if r == 0:
             counts[0] = 0
 
@@ -460,16 +458,8 @@ def _canonical_order(indices, indptr, order, scratch, counts, merge):
 def _canonical_fill(data, indices, indptr, order, merge, new_ptr, new_data, new_indices):
     # one thread per row, in sorted order: duplicates add up as on the CPU
     for r in range(cuda.grid(1), indptr.size - 1, cuda.gridsize(1)):
-        p = new_ptr[r] - 1
-        for i in range(indptr[r], indptr[r + 1]):
-            src = order[i]
-            col = indices[src]
-            if merge and p >= new_ptr[r] and new_indices[p] == col:
-                new_data[p] += data[src]
-            else:
-                p += 1
-                new_data[p] = data[src]
-                new_indices[p] = col
+        _canonical_fill_row(r, data, indices, indptr, order, merge, new_ptr, new_data,
+                            new_indices)
 
 
 def canonicalize(data, indices, indptr, merge):
