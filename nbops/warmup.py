@@ -376,7 +376,8 @@ class FamilyRun:
     """What :func:`run_families` returns: ``report`` (as :func:`warmup`'s),
     ``families`` (one dict per family: ``ops``, ``seconds``, ``cpu_s`` (its
     worker's CPU time), ``worker`` (pid), ``compiled`` kernels, ``compile_s``,
-    ``wait_s`` spent waiting for other workers' claims, ``error``), ``errors`` (one line per failed family) and
+    ``wait_s`` spent waiting for other workers' claims, ``error``), ``errors``
+    (one line per failed family) and
     ``seconds`` (wall time), ``duplicates`` (``{kernel: [families]}`` for a
     kernel compiled by more than one family: none while claims work)."""
 

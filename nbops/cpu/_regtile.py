@@ -120,7 +120,8 @@ def _emit(context, builder, signature, args, mr, nr, table):
                 for j in range(nv)]
         a = builder.load(a_at)
         for i in range(mr):
-            x = splat(builder, vty, builder.load(builder.gep(ap, [builder.add(a, row_offsets[i])])))
+            ai = builder.load(builder.gep(ap, [builder.add(a, row_offsets[i])]))
+            x = splat(builder, vty, ai)
             for j in range(nv):
                 builder.store(builder.call(fmuladd, [x, bvec[j], builder.load(accs[i][j])]),
                               accs[i][j])

@@ -287,10 +287,12 @@ class Ahead:
     """A second process compiling kernels while the first task runs, on a
     machine with 2+ cores: it runs the later tasks with ``--quick`` (the
     same code path and layer sizes, so the same kernels; ``--smoke`` for a
-    smoke run), the last first, quietly, into the shared disk cache. Both processes claim each kernel
-    before compiling it (:func:`nbops.warmup.claim_kernels`), so that none
-    compiles twice and no two write one cache entry; a process reaching a
-    kernel the other is compiling waits and then loads it.
+    smoke run), the last first, quietly, into the shared disk cache. Both
+    processes claim each kernel before compiling it
+    (:func:`nbops.warmup.claim_kernels`), so that none compiles twice and
+    no two write one cache entry; a process reaching a kernel the other is
+    compiling waits and then loads it. It is stopped if this process exits
+    first.
 
     Timings stay honest: :func:`settle` (called before every latency
     measurement and every later task) waits for the process to end, so
@@ -337,7 +339,14 @@ class Ahead:
         if not claim_kernels(folder):
             return None
         cls.current = cls(cfg, tasks, folder)
+        atexit.register(cls.current.stop)   # runs before the folder's removal
         return cls.current
+
+    def stop(self):
+        """End the process if it still runs (this one is exiting early)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait()
 
     def wait(self):
         """Wait for the process (once); its compile seconds (0 if it failed:
