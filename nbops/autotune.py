@@ -46,6 +46,7 @@ Settings
 """
 
 import argparse
+import contextlib
 import functools
 import inspect
 import json
@@ -214,22 +215,42 @@ def _load(path, device):
 
 
 def _save(path, device, key, entry):
-    """Merge one entry into the cache file, atomically (temp file + rename)."""
+    """Merge one entry into the cache file, atomically (temp file + rename),
+    under a lock that other processes take too, so that two tuning at once
+    keep each other's entries (read-merge-write would otherwise lose one)."""
     with _file_lock:
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", AutotuneCacheWarning)
-                entries = _load(path, device)
-            entries[key] = entry
-            data = {"format": FORMAT, "device": device, "nbops": _version(), "entries": entries}
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
-            os.replace(tmp, path)
+            with _process_lock(path + ".lock"):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", AutotuneCacheWarning)
+                    entries = _load(path, device)
+                entries[key] = entry
+                data = {"format": FORMAT, "device": device, "nbops": _version(),
+                        "entries": entries}
+                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+                with os.fdopen(fd, "w") as f:
+                    json.dump(data, f, indent=1, sort_keys=True)
+                os.replace(tmp, path)
         except OSError as e:  # a read-only home must not break computation
             warnings.warn(f"nbops.autotune: could not write {path} ({e})",
                           AutotuneCacheWarning, stacklevel=4)
+
+
+@contextlib.contextmanager
+def _process_lock(path):
+    # an exclusive flock on a side file (none where fcntl is missing: Windows)
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _bucket(v):
