@@ -128,6 +128,8 @@ def test_demo_compiles_later_tasks_in_a_second_process(tmp_path):
     again = _run(args + ["--jobs", "2"], NBOPS_CACHE_DIR=cache)
     assert "second process" not in again, again
     assert {t: r[0] for t, r in _rows(two).items()} == {t: r[0] for t, r in _rows(one).items()}
+    assert "cnn onnx (nbops)" in two                                     # the ONNX round trip
+    assert not list(tmp_path.glob("*.onnx"))                             # --no-plots: no files
 
 
 def test_kernel_claims_only_before_any_kernel_module_is_imported(tmp_path):

@@ -83,7 +83,7 @@ def add_options(parser, tasks=None):
                         help="the train/test split (default 0: the same held-out images)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars or step lines")
     parser.add_argument("--no-plots", dest="plots", action="store_false",
-                        help="do not write plots")
+                        help="write no files (plots, the exported ONNX model)")
     parser.add_argument("--limit", type=int, default=0, metavar="N",
                         help="use at most N training and N test images")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",

@@ -77,11 +77,14 @@ def _onnx_step(cfg, fused, x_test, y_test, reference, timings):
         except (ImportError, AttributeError) as exc:
             return [C.Result("cnn onnx", float("nan"),
                              note=f"skipped: nbops.onnx.{name} not available ({exc})")]
-    os.makedirs(cfg.out, exist_ok=True)
-    path = os.path.join(cfg.out, "digits_cnn.onnx")
     example = np.ascontiguousarray(x_test[:1])
-    api["export"](fused, (example,), path)
-    session = api["InferenceSession"](path)
+    if cfg.plots:   # the exported file sits beside the plots; --no-plots writes nothing
+        os.makedirs(cfg.out, exist_ok=True)
+        model = os.path.join(cfg.out, "digits_cnn.onnx")
+        api["export"](fused, (example,), model)
+    else:
+        model = api["export"](fused, (example,)).SerializeToString()
+    session = api["InferenceSession"](model)
     name = session.get_inputs()[0].name
 
     def run(xb):
@@ -101,7 +104,7 @@ def _onnx_step(cfg, fused, x_test, y_test, reference, timings):
         return rows
     options = ort.SessionOptions()
     options.intra_op_num_threads = nbops.get_num_threads()   # the same cores as nbops
-    ort_session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    ort_session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     ort_name = ort_session.get_inputs()[0].name
 
     def run_ort(xb):
