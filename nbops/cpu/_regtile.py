@@ -24,6 +24,8 @@ from ._memory import splat
 
 #: Bytes of one vector register the tiles are built from (AVX-512).
 VECTOR_BYTES = 64
+#: Function attributes: prefer 512-bit vectors, and (for the tile's explicit
+#: vectors) keep them legal where the CPU's tuning prefers 256 bits.
 _WIDE = ('"prefer-vector-width"="512"', '"min-legal-vector-width"="512"')
 
 
@@ -78,9 +80,7 @@ def fma_tile(mr, nr):
 def _emit(context, builder, signature, args, mr, nr, table):
     k, abuf, a0, a_step, a_row, bbuf, b0, b_rows, cbuf, c0, ldc, rows, add = args
     sty = signature.args
-    for attr in _WIDE:
-        # llvmlite validates attribute names; these string attributes are valid IR
-        set.add(builder.function.attributes, attr)
+    _mark(builder, _WIDE)
     ety = context.get_value_type(sty[1].dtype)
     align = context.get_abi_sizeof(ety)
     lanes = VECTOR_BYTES // align
@@ -132,6 +132,26 @@ def _emit(context, builder, signature, args, mr, nr, table):
             continue
         with builder.if_then(builder.icmp_signed("<", const(i), rows)):
             _store_row(builder, cp, c0, ldc, i, accs[i], add, lanes, align, vptr)
+
+
+@intrinsic
+def prefer_wide_vectors(typingctx):
+    """Let the calling kernel use 512-bit vectors: LLVM's tuning for recent
+    Intel (and some AMD) cores prefers 256-bit ones, so vectorized loops
+    ran on half of AVX-512's width (docs/benchmarks.md). On hosts without
+    AVX-512 it changes nothing."""
+
+    def codegen(context, builder, signature, args):
+        _mark(builder, _WIDE[:1])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+def _mark(builder, attributes):
+    for attr in attributes:
+        # llvmlite validates attribute names; these string attributes are valid IR
+        set.add(builder.function.attributes, attr)
 
 
 def _store_row(builder, cp, c0, ldc, i, accs, add, lanes, align, vptr):

@@ -49,6 +49,7 @@ from .._jit import FASTMATH_REDUCE, cpu_kernel
 from .._tunables import ATTENTION_TASKS_PER_THREAD as TASKS_PER_THREAD
 from . import linalg as _linalg
 from ._approx import exp_nonpos
+from ._regtile import prefer_wide_vectors as _prefer_wide_vectors
 
 __all__ = ["forward", "backward", "bool_to_additive"]
 
@@ -154,7 +155,7 @@ def _online_t(blk, kv, s0, qbase, L, causal, has_mask, mbuf, mo, smr, smc,
     # One key tile of the online softmax for NR query lanes: blk (kv x NR)
     # holds the scores and leaves holding P; m, l, al (the correction
     # factor), mu (the shift used) and acc are the lanes' state.
-    _linalg._prefer_wide_vectors()
+    _prefer_wide_vectors()
     zero, ninf = cst[0], cst[1]
     # the lane count as a runtime value (it is NR): a constant trip count is
     # unrolled before vectorization, and LLVM, unable to rule out that the

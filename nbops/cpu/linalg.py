@@ -65,8 +65,8 @@ would compile another specialisation.
 import functools
 
 import numpy as np
-from numba import get_num_threads, prange, types
-from numba.extending import intrinsic, register_jitable
+from numba import get_num_threads, prange
+from numba.extending import register_jitable
 
 from .. import _formulas
 from .._codegen import bind, generated, per_dtype
@@ -93,24 +93,6 @@ TILES = {np.dtype(np.float32): (8, 32), np.dtype(np.float64): (8, 16)}
 
 _apply_epilogue = register_jitable(
     generated(epilogue_source(), "apply_epilogue", dict(vars(_formulas)), __name__))
-
-
-@intrinsic
-def _prefer_wide_vectors(typingctx):
-    """Mark the calling function ``"prefer-vector-width"="512"``.
-
-    LLVM's tuning for recent Intel (and some AMD) cores prefers 256-bit
-    vectors, so the SLP vectorizer built the accumulator rows from ymm
-    registers: half of the FMA width of AVX-512 (docs/benchmarks.md). The
-    attribute lifts that for the micro-kernel only; on hosts without
-    AVX-512 it changes nothing."""
-
-    def codegen(context, builder, signature, args):
-        # llvmlite validates attribute names; this string attribute is valid IR
-        set.add(builder.function.attributes, '"prefer-vector-width"="512"')
-        return context.get_dummy_value()
-
-    return types.void(), codegen
 
 
 def _micro_t(kc, ap, bbuf, boff, ldb, cbuf, coff, ldc, first):
