@@ -106,9 +106,11 @@ _swish_beta = _DEVICE["swish_beta_term"]
 
 def swish_backward_both(g, x, out, p, c):
     """Write swish's gradient for x into ``out``; return the sum over all
-    elements of ``g * d swish(x, beta) / d beta`` as a float (two kernels)."""
+    elements of ``g * d swish(x, beta) / d beta`` as a float (two kernels,
+    the sum first: ``out`` may be ``g`` or ``x``)."""
+    gbeta = _swish_backward_beta(g, x, p, c)
     swish_backward(g, x, out, p, c)  # noqa: F821  (generated above)
-    return _swish_backward_beta(g, x, p, c)
+    return gbeta
 
 
 def _swish_backward_beta(g, x, p, c):
