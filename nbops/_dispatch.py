@@ -15,6 +15,8 @@ import importlib
 
 import numpy as np
 
+from . import _spec
+
 CPU = "cpu"
 CUDA = "cuda"
 DEVICES = (CPU, CUDA)
@@ -255,20 +257,55 @@ def _hooked_call(op, args, kwargs):
     return result
 
 
-def operator(name, *, cpu=None, cuda=None, backward=None, save=("inputs",)):
-    """Decorator for built-in operators: registers the kernels and wraps the
-    front function into an :class:`Operator` named ``name``."""
+def operator(spec, *, backward=None, save=("inputs",)):
+    """Decorator for built-in operators: registers the kernels and the
+    backward rule of ``spec`` (an :class:`nbops._spec.OpSpec`) and wraps the
+    front function into an :class:`Operator`. A plain name declares an
+    operator whose kernels its family registers itself (``backward`` and
+    ``save`` then given here)."""
+    if isinstance(spec, str):
+        spec = _spec.OpSpec(spec, None, backward=backward, save=save)
 
     def deco(front):
-        if cpu is not None:
-            register_kernel(name, CPU, cpu)
-        if cuda is not None:
-            register_kernel(name, CUDA, cuda)
-        op = Operator(name, front, backward=backward, save=save)
-        _OPERATORS[name] = op
-        return op
+        return define(spec, front)
 
     return deco
+
+
+def register_kernels(family, kernels, devices=DEVICES):
+    """Register the kernels named in ``kernels`` of ``family`` (a
+    :class:`nbops._spec.Family`) on each of ``devices`` it has a module for,
+    under the keys ``family.key(k)``."""
+    for k in kernels:
+        for device in devices:
+            path = family.path(k, device)
+            if path is not None:
+                register_kernel(family.key(k), device, path)
+
+
+def define(spec, front):
+    """The one path from a declaration to a callable operator: registers the
+    spec's kernels, wraps ``front`` and records the spec (built-in operators
+    through :func:`operator`, user ones through :func:`register_op`)."""
+    if spec.family is not None:
+        register_kernels(spec.family, spec.kernels)
+    op = Operator(spec.name, front, backward=spec.backward, save=spec.save)
+    op.spec = spec
+    _OPERATORS[spec.name] = op
+    return op
+
+
+# the packages whose import declares every built-in operator
+_FAMILIES = ("nbops", "nbops.nn", "nbops.quant", "nbops.sparse", "nbops.neuromorphic")
+
+
+def specs():
+    """The :class:`nbops._spec.OpSpec` of every built-in operator, by name
+    (imports every family)."""
+    for module in _FAMILIES:
+        importlib.import_module(module)
+    return {name: op.spec for name, op in sorted(_OPERATORS.items())
+            if op.__module__.startswith("nbops")}
 
 
 def register_op(name, cpu, cuda=None, backward=None, *, doc=None):
@@ -308,20 +345,27 @@ def register_op(name, cpu, cuda=None, backward=None, *, doc=None):
     if name in _OPERATORS and _OPERATORS[name].__module__.startswith("nbops"):
         raise ValueError(f"register_op: {name!r} is a built-in nbops operator")
 
+    key = user_kernel_key(name)
+
     def front(*args, **kwargs):
         named = {f"args[{i}]": a for i, a in enumerate(args)}
         named.update(kwargs)
-        return kernel(name, resolve_device(name, **named))(*args, **kwargs)
+        return kernel(key, resolve_device(name, **named))(*args, **kwargs)
 
     front.__name__ = front.__qualname__ = name
     front.__doc__ = doc or getattr(cpu, "__doc__", None)
-    register_kernel(name, CPU, cpu)
+    register_kernel(key, CPU, cpu)
     if cuda is not None:
-        register_kernel(name, CUDA, cuda)
-    op = Operator(name, front, backward=backward)
+        register_kernel(key, CUDA, cuda)
+    op = define(_spec.OpSpec(name, None, backward=backward), front)
     op.__module__ = getattr(cpu, "__module__", "__main__")
-    _OPERATORS[name] = op
     return op
+
+
+def user_kernel_key(name):
+    """The registry key of a :func:`register_op` operator's kernels: the
+    family ``user``, whose kernels are callables rather than module paths."""
+    return f"user.{name}"
 
 
 def get_operator(name):

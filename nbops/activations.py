@@ -22,7 +22,7 @@ import numbers
 
 import numpy as np
 
-from . import _checks, _dispatch, _formulas
+from . import _checks, _dispatch, _formulas, _spec
 from ._dispatch import operator
 
 __all__ = [
@@ -31,11 +31,6 @@ __all__ = [
     "tanh_backward", "gelu_backward", "silu_backward", "swish_backward",
     "softplus_backward", "elu_backward", "hardswish_backward", "hardtanh_backward",
 ]
-
-for _k in _formulas.FORWARD + _formulas.BACKWARD + ("swish_backward_both",):
-    _dispatch.register_kernel(_k, _dispatch.CPU, f"nbops.cpu.activations:{_k}")
-    _dispatch.register_kernel(_k, _dispatch.CUDA, f"nbops.cuda.activations:{_k}")
-del _k
 
 _CONSTS = {}
 
@@ -51,14 +46,14 @@ def _run_unary(op, kernel_name, x, out, p0=0.0, p1=0.0):
     x = _checks.array(op, "x", x)
     dev = _dispatch.resolve_device(op, x=x, out=out)
     out = _checks.output(op, out, x.shape, x.dtype, dev, {"x": x}, allow_inplace=("x",))
-    return _dispatch.kernel(kernel_name, dev)(
+    return FAMILY.kernel(kernel_name, dev)(
         x, out, _formulas.params(x.dtype, p0, p1), _consts(x.dtype))
 
 
 def _run_backward(op, kernel_name, grad_output, saved, saved_name, out, p0=0.0, p1=0.0):
     dev, out, p, c, grad_output, saved = _prepare_backward(op, grad_output, saved, saved_name,
                                                            out, p0, p1)
-    return _dispatch.kernel(kernel_name, dev)(grad_output, saved, out, p, c)
+    return FAMILY.kernel(kernel_name, dev)(grad_output, saved, out, p, c)
 
 
 def _prepare_backward(op, grad_output, saved, saved_name, out, p0=0.0, p1=0.0):
@@ -142,15 +137,20 @@ def _doc_backward(forward, saved="x"):
 
 
 # ---------------------------------------------------------------------------
-# Backward rules used by autograd: (ctx, grad) -> one gradient per input.
+# Declarations: one spec per forward op and one per backward op, from a row
+# per activation (parameters with their test variants and bad values, what
+# the backward saves, kinks of the derivative, typical input magnitude).
 
-# ``ctx.inputs`` holds the forward's arguments in signature order and
-# ``ctx.kwargs`` the same by name (defaults filled in), tensors unwrapped.
+FAMILY = _spec.mirror("activations")
+
 
 def _grad_of(backward, saved, param_names):
+    """Autograd rule of a forward op from its backward op (looked up by
+    name when the rule runs: the backward ops are defined below)."""
     def rule(ctx, grad):
-        value = ctx.output if saved == "output" else ctx.inputs[0]
-        return (backward(grad, value, **{k: ctx.kwargs[k] for k in param_names}),)
+        value = ctx.output if saved == "y" else ctx.inputs[0]
+        fn = globals()[backward]
+        return (fn(grad, value, **{k: ctx.kwargs[k] for k in param_names}),)
 
     return rule
 
@@ -160,18 +160,98 @@ def _swish_rule(ctx, grad):
     return gx, gbeta
 
 
+_NAN, _INF = float("nan"), float("inf")
+_SLOPE_BAD = ((dict(negative_slope=-0.1), ValueError, "negative_slope"),
+              (dict(negative_slope="a"), TypeError, "negative_slope"),
+              (dict(negative_slope=_NAN), ValueError, "negative_slope"))
+_BOUNDS_BAD = ((dict(min_val=2.0), ValueError, r"'min_val' \(2.0\) must be <= 'max_val'"),
+               (dict(max_val=_NAN), ValueError, "'max_val' must not be NaN"),
+               (dict(min_val="a"), TypeError, "'min_val' must be a real number"),
+               (dict(max_val=None), TypeError, "max_val"),
+               (dict(min_val=0.0, max_val=-1.0), ValueError, "min_val"))
+
+
+def _row(name, params=(), variants=({},), bad=(), saved="x", span=8.0, kinks=(),
+         extra_kernels=(), bench=({},)):
+    """The forward and backward specs of one activation."""
+    bname = name + "_backward"
+    y = saved == "y"
+    rule = _swish_rule if name == "swish" else _grad_of(bname, saved, params)
+    forward = _spec.OpSpec(
+        name, FAMILY, kernels=(name,) + extra_kernels, backward=rule,
+        save=("output",) if y else ("inputs",),
+        samples=_spec.Elementwise(1, span, variants),
+        bad=_spec.float_only(1, ("x",), bad), grad=_spec.Grad((0,), kinks), inplace=(0,),
+        bench=tuple(_spec.Bench(f"nbops.bench.activations:{name}{b.get('suffix', '')}",
+                                name=name + b.get("suffix", ""), kwargs=b.get("kwargs", {}),
+                                reference=b.get("reference", ""))
+                    for b in bench))
+    # y-saving backward ops take the forward's output, a value in (0, 1) or (-1, 1)
+    lows = {1: (0.0, 1.0) if name == "sigmoid" else (-1.0, 1.0)} if y else {}
+    tol = {_spec.F32: (4e-6, 1e-6), _spec.F64: (1e-13, 1e-14)}
+    edge = not y      # special values of y lie outside the forward's range
+    if name == "swish":
+        # grad_beta sums x^2 s (1 - s) over every element: float32 loses
+        # digits to cancellation, and inf * 0 makes the reference NaN
+        tol, edge, span = {_spec.F32: (1e-4, 1e-5), _spec.F64: (1e-10, 1e-12)}, False, 2.0
+    backward = _spec.OpSpec(
+        bname, FAMILY, kernels=(bname,) + tuple(k + "_backward" for k in extra_kernels)
+        + (("swish_backward_both",) if name == "swish" else ()),
+        samples=_spec.Elementwise(2, span, variants, edge, tuple(lows.items())),
+        bad=_spec.float_only(2, ("grad_output", saved), bad), tol=tol, inplace=(0, 1),
+        bench=tuple(_spec.Bench(f"nbops.bench.activations:{name}{b.get('suffix', '')}_backward",
+                                name=f"{name}{b.get('suffix', '')}_backward",
+                                setup="nbops.bench.activations:setup_"
+                                + ("g_" + name if y else "g_x"),
+                                kwargs=b.get("kwargs", {}),
+                                reference=b.get("backward_reference", ""),
+                                options=b.get("backward_options", {}))
+                    for b in bench))
+    return {name: forward, bname: backward}
+
+
+SPECS = {}
+for _r in (
+        _row("relu", kinks=(0.0,)),
+        _row("leaky_relu", ("negative_slope",), ({}, {"negative_slope": 0.2}), _SLOPE_BAD,
+             kinks=(0.0,)),
+        _row("sigmoid", saved="y", span=20.0),
+        _row("tanh", saved="y"),
+        _row("gelu", ("approximate",), ({}, {"approximate": "tanh"}),
+             ((dict(approximate="erf"), ValueError, "approximate"),),
+             extra_kernels=("gelu_tanh",),
+             bench=({"reference": "nbops.bench.activations:gelu_ref",
+                     "backward_reference": "nbops.bench.activations:gelu_backward_ref"},
+                    {"suffix": "_tanh", "kwargs": {"approximate": "tanh"}})),
+        _row("silu"),
+        _row("swish", ("beta",), ({"beta": 1.7},), ((dict(beta=_INF), ValueError, "beta"),),
+             bench=({"kwargs": {"beta": 1.5}, "backward_options": {"tol": (1e-4, 1e-10)}},)),
+        _row("softplus", ("beta", "threshold"), ({}, {"beta": 2.0, "threshold": 10.0}),
+             ((dict(beta=0.0), ValueError, "beta"), (dict(beta=-1.0), ValueError, "beta")),
+             bench=({"reference": "nbops.bench.activations:softplus_ref",
+                     "backward_reference": "nbops.bench.activations:softplus_backward_ref"},)),
+        _row("elu", ("alpha",), ({}, {"alpha": 0.7}), ((dict(alpha=-1.0), ValueError, "alpha"),),
+             kinks=(0.0,)),
+        _row("hardswish", kinks=(-3.0, 3.0)),
+        _row("hardtanh", ("min_val", "max_val"),
+             ({}, {"min_val": 0.0, "max_val": 6.0}, {"min_val": -_INF, "max_val": 0.5}),
+             _BOUNDS_BAD, kinks=(-1.0, 1.0, 0.0, 6.0, 0.5))):
+    SPECS.update(_r)
+del _r
+
+
 # ---------------------------------------------------------------------------
 # Forward operators
 
 
-@operator("relu")
+@operator(SPECS["relu"])
 @_doc("Rectified linear unit, ``max(x, 0)``; NaN stays NaN (as PyTorch).",
       ">>> nbops.relu(np.array([-1.0, 0.0, 2.0]))\n    array([0., 0., 2.])")
 def relu(x, out=None):
     return _run_unary("relu", "relu", x, out)
 
 
-@operator("leaky_relu")
+@operator(SPECS["leaky_relu"])
 @_doc("Leaky ReLU, ``x if x > 0 else negative_slope * x``.",
       ">>> nbops.leaky_relu(np.array([-1.0, 2.0]), 0.1)\n    array([-0.1,  2. ])",
       "    negative_slope : float, default 0.01\n"
@@ -181,7 +261,7 @@ def leaky_relu(x, negative_slope=0.01, out=None):
     return _run_unary("leaky_relu", "leaky_relu", x, out, s)
 
 
-@operator("sigmoid", save=("output",))
+@operator(SPECS["sigmoid"])
 @_doc("Logistic sigmoid ``1 / (1 + exp(-x))``, computed from ``exp(-|x|)`` so that it "
       "never overflows: any finite x gives a value in [0, 1], never NaN.",
       ">>> nbops.sigmoid(np.array([-1e4, 0.0, 1e4], np.float32))\n"
@@ -190,14 +270,14 @@ def sigmoid(x, out=None):
     return _run_unary("sigmoid", "sigmoid", x, out)
 
 
-@operator("tanh", save=("output",))
+@operator(SPECS["tanh"])
 @_doc("Hyperbolic tangent, accurate for tiny |x| as well (through expm1).",
       ">>> nbops.tanh(np.array([0.0, 1.0]))\n    array([0.        , 0.76159416])")
 def tanh(x, out=None):
     return _run_unary("tanh", "tanh", x, out)
 
 
-@operator("gelu")
+@operator(SPECS["gelu"])
 @_doc("Gaussian error linear unit ``x * Phi(x)``.\n\n"
       "    ``approximate=\"none\"`` is the exact form ``x Phi(x)`` (equal to\n"
       "    ``0.5 x (1 + erf(x / sqrt 2))``), with Phi accurate to a few ulp relative in the\n"
@@ -212,14 +292,14 @@ def gelu(x, approximate="none", out=None):
     return _run_unary("gelu", kernel, x, out)
 
 
-@operator("silu")
+@operator(SPECS["silu"])
 @_doc("Sigmoid linear unit ``x * sigmoid(x)`` (swish with beta = 1).",
       ">>> nbops.silu(np.array([-1.0, 1.0]))\n    array([-0.26894142,  0.73105858])")
 def silu(x, out=None):
     return _run_unary("silu", "silu", x, out)
 
 
-@operator("swish")
+@operator(SPECS["swish"])
 @_doc("Swish ``x * sigmoid(beta * x)``; differentiable in x and in beta.",
       ">>> nbops.swish(np.array([-1.0, 1.0]), beta=2.0)\n    array([-0.11920292,  0.88079708])",
       "    beta : float or one-element array, default 1.0\n        Any finite value.\n")
@@ -228,7 +308,7 @@ def swish(x, beta=1.0, out=None):
     return _run_unary("swish", "swish", x, out, b)
 
 
-@operator("softplus")
+@operator(SPECS["softplus"])
 @_doc("Softplus ``log(1 + exp(beta x)) / beta``, linear (``x``) where ``beta x > threshold``, "
       "as PyTorch.",
       ">>> nbops.softplus(np.array([0.0, 30.0]))\n    array([ 0.69314718, 30.        ])",
@@ -239,7 +319,7 @@ def softplus(x, beta=1.0, threshold=20.0, out=None):
     return _run_unary("softplus", "softplus", x, out, b, t)
 
 
-@operator("elu")
+@operator(SPECS["elu"])
 @_doc("Exponential linear unit ``x if x > 0 else alpha * (exp(x) - 1)`` (via expm1).",
       ">>> nbops.elu(np.array([-1.0, 2.0]))\n    array([-0.63212056,  2.        ])",
       "    alpha : float, default 1.0\n        Finite and >= 0.\n")
@@ -248,14 +328,14 @@ def elu(x, alpha=1.0, out=None):
     return _run_unary("elu", "elu", x, out, a)
 
 
-@operator("hardswish")
+@operator(SPECS["hardswish"])
 @_doc("Hard swish ``x * relu6(x + 3) / 6`` (MobileNetV3).",
       ">>> nbops.hardswish(np.array([-4.0, 1.0, 4.0]))\n    array([-0.        ,  0.66666667,  4.        ])")
 def hardswish(x, out=None):
     return _run_unary("hardswish", "hardswish", x, out)
 
 
-@operator("hardtanh")
+@operator(SPECS["hardtanh"])
 @_doc("Hard tanh, ``x`` clipped to ``[min_val, max_val]`` (PyTorch's name and defaults; "
       "ONNX's Clip, ``relu6`` with (0, 6)); NaN stays NaN.",
       ">>> nbops.hardtanh(np.array([-2.0, 0.5, 9.0]), 0.0, 6.0)\n    array([0. , 0.5, 6. ])",
@@ -277,13 +357,13 @@ def _gelu_kernel(op, approximate):
 # Backward operators
 
 
-@operator("relu_backward")
+@operator(SPECS["relu_backward"])
 @_doc_backward("relu")
 def relu_backward(grad_output, x, out=None):
     return _run_backward("relu_backward", "relu_backward", grad_output, x, "x", out)
 
 
-@operator("leaky_relu_backward")
+@operator(SPECS["leaky_relu_backward"])
 @_doc_backward("leaky_relu")
 def leaky_relu_backward(grad_output, x, negative_slope=0.01, out=None):
     s = _checks.scalar("leaky_relu_backward", "negative_slope", negative_slope, low=0.0)
@@ -291,32 +371,32 @@ def leaky_relu_backward(grad_output, x, negative_slope=0.01, out=None):
                          out, s)
 
 
-@operator("sigmoid_backward")
+@operator(SPECS["sigmoid_backward"])
 @_doc_backward("sigmoid", saved="y")
 def sigmoid_backward(grad_output, y, out=None):
     return _run_backward("sigmoid_backward", "sigmoid_backward", grad_output, y, "y", out)
 
 
-@operator("tanh_backward")
+@operator(SPECS["tanh_backward"])
 @_doc_backward("tanh", saved="y")
 def tanh_backward(grad_output, y, out=None):
     return _run_backward("tanh_backward", "tanh_backward", grad_output, y, "y", out)
 
 
-@operator("gelu_backward")
+@operator(SPECS["gelu_backward"])
 @_doc_backward("gelu")
 def gelu_backward(grad_output, x, approximate="none", out=None):
     kernel = _gelu_kernel("gelu_backward", approximate)
     return _run_backward("gelu_backward", kernel, grad_output, x, "x", out)
 
 
-@operator("silu_backward")
+@operator(SPECS["silu_backward"])
 @_doc_backward("silu")
 def silu_backward(grad_output, x, out=None):
     return _run_backward("silu_backward", "silu_backward", grad_output, x, "x", out)
 
 
-@operator("swish_backward")
+@operator(SPECS["swish_backward"])
 def swish_backward(grad_output, x, beta=1.0, out=None):
     """Gradients of :func:`swish` with respect to ``x`` and to ``beta``.
 
@@ -338,11 +418,11 @@ def swish_backward(grad_output, x, beta=1.0, out=None):
     dev, out, p, c, grad_output, x = _prepare_backward("swish_backward", grad_output, x, "x",
                                                        out, b)
     # one pass over memory for both gradients
-    gb = _dispatch.kernel("swish_backward_both", dev)(grad_output, x, out, p, c)
+    gb = FAMILY.kernel("swish_backward_both", dev)(grad_output, x, out, p, c)
     return out, gb
 
 
-@operator("softplus_backward")
+@operator(SPECS["softplus_backward"])
 @_doc_backward("softplus")
 def softplus_backward(grad_output, x, beta=1.0, threshold=20.0, out=None):
     b = _checks.scalar("softplus_backward", "beta", beta, low=0.0, low_open=True)
@@ -351,20 +431,20 @@ def softplus_backward(grad_output, x, beta=1.0, threshold=20.0, out=None):
                          out, b, t)
 
 
-@operator("elu_backward")
+@operator(SPECS["elu_backward"])
 @_doc_backward("elu")
 def elu_backward(grad_output, x, alpha=1.0, out=None):
     a = _checks.scalar("elu_backward", "alpha", alpha, low=0.0)
     return _run_backward("elu_backward", "elu_backward", grad_output, x, "x", out, a)
 
 
-@operator("hardswish_backward")
+@operator(SPECS["hardswish_backward"])
 @_doc_backward("hardswish")
 def hardswish_backward(grad_output, x, out=None):
     return _run_backward("hardswish_backward", "hardswish_backward", grad_output, x, "x", out)
 
 
-@operator("hardtanh_backward")
+@operator(SPECS["hardtanh_backward"])
 def hardtanh_backward(grad_output, x, min_val=-1.0, max_val=1.0, out=None):
     """Gradient of :func:`hardtanh` with respect to its input:
     ``grad_output`` where ``min_val < x < max_val``, else +0.0 (whatever
@@ -386,15 +466,3 @@ def hardtanh_backward(grad_output, x, min_val=-1.0, max_val=1.0, out=None):
     lo, hi = _checks.bounds("hardtanh_backward", "min_val", min_val, "max_val", max_val)
     return _run_backward("hardtanh_backward", "hardtanh_backward", grad_output, x, "x", out,
                          lo, hi)
-
-
-# The forward ops' backward rules name their backward ops, defined above.
-swish.backward = _swish_rule
-for _fwd, _saved, _params in (
-        ("relu", "input", ()), ("leaky_relu", "input", ("negative_slope",)),
-        ("sigmoid", "output", ()),
-        ("tanh", "output", ()), ("gelu", "input", ("approximate",)), ("silu", "input", ()),
-        ("softplus", "input", ("beta", "threshold")), ("elu", "input", ("alpha",)),
-        ("hardswish", "input", ()), ("hardtanh", "input", ("min_val", "max_val"))):
-    globals()[_fwd].backward = _grad_of(globals()[_fwd + "_backward"], _saved, _params)
-del _fwd, _saved, _params

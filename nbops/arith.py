@@ -21,21 +21,17 @@ import numbers
 
 import numpy as np
 
-from . import _checks, _dispatch
+from . import _checks, _dispatch, _spec
 from ._dispatch import operator
 
 __all__ = ["add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sum", "mean",
            "expand", "sum_to", "zeros", "permute_view", "index_view",
            "assign"]
 
-for _k in ("add", "sub", "mul", "div", "pow", "neg", "exp", "log", "sum", "mean"):
-    _dispatch.register_kernel(_k, _dispatch.CPU, f"nbops.cpu.arith:{_k}")
-    _dispatch.register_kernel(_k, _dispatch.CUDA, f"nbops.cuda.arith:{_k}")
+FAMILY = _spec.mirror("arith")
+_dispatch.register_kernels(FAMILY, ("add", "sub", "mul", "div", "pow", "neg", "exp", "log",
+                                    "sum", "mean", "copy", "assign"))
 # helpers' kernels: private names, so no user op can collide with them
-for _k in ("copy", "assign"):
-    _dispatch.register_kernel("arith." + _k, _dispatch.CPU, f"nbops.cpu.arith:{_k}")
-    _dispatch.register_kernel("arith." + _k, _dispatch.CUDA, f"nbops.cuda.arith:{_k}")
-del _k
 
 
 def _is_scalar(v):
@@ -74,14 +70,14 @@ def _binary(op, a, b, out):
     dev = _dispatch.resolve_device(op, out=out, **arrays)
     shape = _broadcast_shape(op, **{n: v.shape for n, v in arrays.items()})
     out = _checks.output(op, out, shape, dtype, dev, arrays, allow_inplace=tuple(arrays))
-    return _dispatch.kernel(op, dev)(_operand(a, dtype, dev), _operand(b, dtype, dev), out)
+    return FAMILY.kernel(op, dev)(_operand(a, dtype, dev), _operand(b, dtype, dev), out)
 
 
 def _unary(op, x, out, kernel_name=None):
     x = _checks.array(op, "x", x)
     dev = _dispatch.resolve_device(op, x=x, out=out)
     out = _checks.output(op, out, x.shape, x.dtype, dev, {"x": x}, allow_inplace=("x",))
-    return _dispatch.kernel(kernel_name or op, dev)(x, out)
+    return FAMILY.kernel(kernel_name or op, dev)(x, out)
 
 
 def _axes(op, axis, ndim):
@@ -103,7 +99,7 @@ def _reduce(op, x, axis, keepdims, out):
         tuple(n for i, n in enumerate(x.shape) if i not in axes)
     dev = _dispatch.resolve_device(op, x=x, out=out)
     out = _checks.output(op, out, shape, x.dtype, dev, {"x": x})
-    return _dispatch.kernel(op, dev)(x, axes, bool(keepdims), out)
+    return FAMILY.kernel(op, dev)(x, axes, bool(keepdims), out)
 
 
 def _shape_arg(op, shape):
@@ -125,7 +121,7 @@ def zeros(shape, dtype, device):
     if device == _dispatch.CPU:
         return np.zeros(shape, dtype)
     out = _checks.empty(shape, dtype, device)
-    return _dispatch.kernel("arith.copy", device)(_operand(0.0, np.dtype(dtype), device), out)
+    return FAMILY.kernel("copy", device)(_operand(0.0, np.dtype(dtype), device), out)
 
 
 def permute_view(x, axes):
@@ -170,7 +166,7 @@ def assign(dst, src):
     :func:`index_view`) and ``src`` broadcasts to it; same dtype and device."""
     _checks.same_dtype("assign", dst=dst, src=src)
     dev = _dispatch.resolve_device("assign", dst=dst, src=src)
-    return _dispatch.kernel("arith.assign", dev)(src, dst)
+    return FAMILY.kernel("assign", dev)(src, dst)
 
 
 def _reshape_keep(g, x_shape, axes):
@@ -179,170 +175,6 @@ def _reshape_keep(g, x_shape, axes):
     from .tensor import reshape
 
     return reshape(g, kept) if kept else g
-
-
-# ---------------------------------------------------------------------------
-# Operators
-
-
-@operator("add")
-def add(a, b, out=None):
-    """``a + b`` with NumPy broadcasting.
-
-    ``a``, ``b``: float32/float64 arrays of one dtype and device, or one of
-    them a real scalar. Returns an array of the broadcast shape; ``out=`` may
-    be ``a`` or ``b`` itself (in-place). Raises TypeError for non-float or
-    mismatched dtypes and mixed devices, ValueError for shapes that do not
-    broadcast.
-
-    >>> nbops.add(np.ones((2, 3)), np.arange(3.0))
-    array([[1., 2., 3.],
-           [1., 2., 3.]])
-    """
-    return _binary("add", a, b, out)
-
-
-@operator("sub")
-def sub(a, b, out=None):
-    """``a - b`` with broadcasting; arguments and errors as :func:`add`.
-
-    >>> nbops.sub(1.0, np.array([0.5, 2.0]))
-    array([ 0.5, -1. ])
-    """
-    return _binary("sub", a, b, out)
-
-
-@operator("mul")
-def mul(a, b, out=None):
-    """``a * b`` with broadcasting; arguments and errors as :func:`add`.
-
-    >>> nbops.mul(np.array([1.0, 2.0]), 3.0)
-    array([3., 6.])
-    """
-    return _binary("mul", a, b, out)
-
-
-@operator("div")
-def div(a, b, out=None):
-    """``a / b`` (true division, IEEE: x/0 is +-inf or NaN) with broadcasting;
-    arguments and errors as :func:`add`.
-
-    >>> nbops.div(np.array([1.0, 3.0]), 2.0)
-    array([0.5, 1.5])
-    """
-    return _binary("div", a, b, out)
-
-
-@operator("pow")
-def pow(a, b, out=None):  # noqa: A001  (the operator's public name)
-    """``a ** b`` with broadcasting (NaN for a negative base and a non-integer
-    exponent); arguments and errors as :func:`add`.
-
-    >>> nbops.pow(np.array([2.0, 3.0]), 2.0)
-    array([4., 9.])
-    """
-    return _binary("pow", a, b, out)
-
-
-@operator("neg")
-def neg(x, out=None):
-    """``-x`` for a float32/float64 array on either device; ``out=x`` allowed.
-
-    >>> nbops.neg(np.array([1.0, -2.0]))
-    array([-1.,  2.])
-    """
-    return _unary("neg", x, out)
-
-
-@operator("exp", save=("output",))
-def exp(x, out=None):
-    """``exp(x)`` elementwise; arguments as :func:`neg`.
-
-    >>> nbops.exp(np.array([0.0]))
-    array([1.])
-    """
-    return _unary("exp", x, out)
-
-
-@operator("log")
-def log(x, out=None):
-    """Natural logarithm elementwise (``-inf`` at 0, NaN below); arguments as
-    :func:`neg`.
-
-    >>> nbops.log(np.array([1.0]))
-    array([0.])
-    """
-    return _unary("log", x, out)
-
-
-@operator("sum")
-def sum(x, axis=None, keepdims=False, out=None):  # noqa: A001
-    """Sum of ``x`` over ``axis`` (None: all axes; an int or a tuple of ints,
-    negative counting from the end).
-
-    ``x``: float32/float64 array on either device. Returns an array (0-d for
-    a full reduction), with the reduced axes kept as size 1 when
-    ``keepdims``. Raises TypeError for a bad dtype or a non-bool
-    ``keepdims``, ValueError for an axis out of range or repeated.
-
-    >>> nbops.sum(np.ones((2, 3)), axis=0)
-    array([2., 2., 2.])
-    """
-    return _reduce("sum", x, axis, keepdims, out)
-
-
-@operator("mean")
-def mean(x, axis=None, keepdims=False, out=None):
-    """Mean of ``x`` over ``axis``; arguments as :func:`sum`. The mean over an
-    empty axis is NaN.
-
-    >>> nbops.mean(np.array([[1.0, 3.0]]), axis=1)
-    array([2.])
-    """
-    return _reduce("mean", x, axis, keepdims, out)
-
-
-@operator("expand")
-def expand(x, shape, out=None):
-    """``x`` broadcast to ``shape`` and materialised as a new C-contiguous
-    array (NumPy's ``broadcast_to`` followed by a copy), on x's device.
-    Raises ValueError when ``x`` does not broadcast to ``shape``.
-
-    >>> nbops.expand(np.array([1.0, 2.0]), (2, 2))
-    array([[1., 2.],
-           [1., 2.]])
-    """
-    x = _checks.array("expand", "x", x)
-    shape = _shape_arg("expand", shape)
-    if _broadcast_shape("expand", x=x.shape, shape=shape) != shape:
-        raise ValueError(f"expand: cannot broadcast 'x' of shape {tuple(x.shape)} to {shape}")
-    dev = _dispatch.resolve_device("expand", x=x, out=out)
-    out = _checks.output("expand", out, shape, x.dtype, dev, {"x": x})
-    return _dispatch.kernel("arith.copy", dev)(x, out) if out.size else out
-
-
-@operator("sum_to")
-def sum_to(x, shape):
-    """Sum ``x`` down to ``shape``, the inverse of broadcasting: the gradient
-    of an operand that was broadcast from ``shape`` to ``x.shape``. Returns
-    ``x`` itself when the shapes are equal. Raises ValueError when ``shape``
-    does not broadcast to ``x.shape``.
-
-    >>> nbops.sum_to(np.ones((2, 3)), (3,))
-    array([2., 2., 2.])
-    """
-    x = _checks.array("sum_to", "x", x)
-    shape = _shape_arg("sum_to", shape)
-    if tuple(x.shape) == shape:
-        return x
-    if len(shape) > x.ndim or _broadcast_shape("sum_to", x=x.shape, shape=shape) != tuple(x.shape):
-        raise ValueError(f"sum_to: shape {shape} does not broadcast to the shape "
-                         f"{tuple(x.shape)} of 'x'")
-    lead = x.ndim - len(shape)
-    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape)
-                                      if n == 1 and x.shape[lead + i] != 1)
-    summed = sum(x, axis=axes, keepdims=True)
-    return summed.reshape(shape)
 
 
 # ---------------------------------------------------------------------------
@@ -405,17 +237,237 @@ def _reduce_rule(is_mean):
     return rule
 
 
-add.backward = _add_rule
-sub.backward = _sub_rule
-mul.backward = _mul_rule
-div.backward = _div_rule
-div.save = ("inputs", "output")
-pow.backward = _pow_rule
-pow.save = ("inputs", "output")
-neg.backward = lambda ctx, g: (neg(g),)
-exp.backward = lambda ctx, g: (mul(g, ctx.output),)
-log.backward = lambda ctx, g: (div(g, ctx.inputs[0]),)
-sum.backward = _reduce_rule(False)
-mean.backward = _reduce_rule(True)
-expand.backward = lambda ctx, g: (sum_to(g, tuple(ctx.inputs[0].shape)),)
-sum_to.backward = lambda ctx, g: (expand(g, tuple(ctx.inputs[0].shape)),)
+# ---------------------------------------------------------------------------
+# Declarations: the binary ops broadcast and take scalars, the unary ops are
+# elementwise, the reductions take axes; expand and sum_to move gradients
+# across broadcasting.
+
+_BINARY_BAD = (_spec.Bad((1.0, 2.0), {}, TypeError, "at least one of 'a', 'b' must be an array"),)
+_REDUCE_BAD = ((dict(axis=5), ValueError, "axis"), (dict(axis=(0, 0)), ValueError,
+                                                    "repeats an axis"),
+               (dict(keepdims=1), TypeError, "'keepdims' must be a bool"))
+_EXACT = {_spec.F32: (0.0, 0.0), _spec.F64: (0.0, 0.0)}
+_ROUNDED = {_spec.F32: (2e-6, 1e-30), _spec.F64: (1e-15, 1e-300)}
+_SUMMED = {_spec.F32: (1e-5, 1e-4), _spec.F64: (1e-13, 1e-12)}
+
+
+def _bench(name, setup, **options):
+    return (_spec.Bench(f"nbops.bench.arith:{name}", name=name,
+                        setup=f"nbops.bench.arith:{setup}", options=options),)
+
+
+def _binary_spec(name, rule, ranges=(), save=("inputs",), bench=()):
+    return _spec.OpSpec(
+        name, FAMILY, (name,), backward=rule, save=save,
+        samples=_spec.Broadcasting(ranges=ranges),
+        bad=_spec.float_only(2, ("a", "b"), _BINARY_BAD, "broadcast"),
+        grad=_spec.Grad((0, 1)), tol=_ROUNDED, inplace=(0, 1), bench=bench)
+
+
+def _unary_spec(name, rule, ranges=(), save=("inputs",), bench=()):
+    return _spec.OpSpec(
+        name, FAMILY, (name,), backward=rule, save=save,
+        samples=_spec.Elementwise(1, 4.0, ranges=ranges), bad=_spec.float_only(1, ("x",)),
+        grad=_spec.Grad((0,)), tol=_ROUNDED, inplace=(0,), bench=bench)
+
+
+def _reduce_spec(name, bench=()):
+    return _spec.OpSpec(
+        name, FAMILY, (name,), backward=_reduce_rule(name == "mean"),
+        samples=_spec.Reduction(), bad=_spec.float_only(1, ("x",), _REDUCE_BAD),
+        grad=_spec.Grad((0,)), tol=_SUMMED, bench=bench)
+
+
+SPECS = {s.name: s for s in (
+    _binary_spec("add", _add_rule, bench=_bench("add", "setup_pair")),
+    _binary_spec("sub", _sub_rule),
+    _binary_spec("mul", _mul_rule, bench=_bench("mul_row", "setup_row")),
+    _binary_spec("div", _div_rule, ranges=((1, (0.5, 2.0)),), save=("inputs", "output")),
+    _binary_spec("pow", _pow_rule, ranges=((0, (0.5, 2.0)),), save=("inputs", "output")),
+    _unary_spec("neg", lambda ctx, g: (neg(g),)),
+    _unary_spec("exp", lambda ctx, g: (mul(g, ctx.output),), save=("output",),
+                bench=_bench("exp", "setup_x")),
+    _unary_spec("log", lambda ctx, g: (div(g, ctx.inputs[0]),), ranges=((0, (0.5, 4.0)),)),
+    _reduce_spec("sum", bench=(_spec.Bench(
+        "nbops.bench.arith:sum_rows", "sum_rows", "nbops.bench.arith:setup_rows",
+        dict(axis=-1), options=dict(out_like="nbops.bench.arith:rows_out", tol=(1e-5, 1e-12))),)),
+    _reduce_spec("mean"),
+    _spec.OpSpec("expand", FAMILY, ("copy",),
+                 backward=lambda ctx, g: (sum_to(g, tuple(ctx.inputs[0].shape)),),
+                 samples=_spec.Expansion(), grad=_spec.Grad((0,)), tol=_EXACT,
+                 bad=_spec.float_only(1, ("x",), (
+                     (dict(shape=(2, 7)), ValueError, "shapes do not broadcast"),
+                     (dict(shape="3"), TypeError, "'shape' must be a tuple")),
+                     defaults=dict(shape=(3, 4)))),
+    _spec.OpSpec("sum_to", FAMILY, (),
+                 backward=lambda ctx, g: (expand(g, tuple(ctx.inputs[0].shape)),),
+                 samples=_spec.Expansion(reverse=True), grad=_spec.Grad((0,)), tol=_SUMMED,
+                 out=False,
+                 bad=_spec.float_only(1, ("x",), (
+                     (dict(shape=(7, 3, 4)), ValueError, "does not broadcast"),),
+                     defaults=dict(shape=(4,)))),
+)}
+
+
+# ---------------------------------------------------------------------------
+# Operators
+
+
+@operator(SPECS["add"])
+def add(a, b, out=None):
+    """``a + b`` with NumPy broadcasting.
+
+    ``a``, ``b``: float32/float64 arrays of one dtype and device, or one of
+    them a real scalar. Returns an array of the broadcast shape; ``out=`` may
+    be ``a`` or ``b`` itself (in-place). Raises TypeError for non-float or
+    mismatched dtypes and mixed devices, ValueError for shapes that do not
+    broadcast.
+
+    >>> nbops.add(np.ones((2, 3)), np.arange(3.0))
+    array([[1., 2., 3.],
+           [1., 2., 3.]])
+    """
+    return _binary("add", a, b, out)
+
+
+@operator(SPECS["sub"])
+def sub(a, b, out=None):
+    """``a - b`` with broadcasting; arguments and errors as :func:`add`.
+
+    >>> nbops.sub(1.0, np.array([0.5, 2.0]))
+    array([ 0.5, -1. ])
+    """
+    return _binary("sub", a, b, out)
+
+
+@operator(SPECS["mul"])
+def mul(a, b, out=None):
+    """``a * b`` with broadcasting; arguments and errors as :func:`add`.
+
+    >>> nbops.mul(np.array([1.0, 2.0]), 3.0)
+    array([3., 6.])
+    """
+    return _binary("mul", a, b, out)
+
+
+@operator(SPECS["div"])
+def div(a, b, out=None):
+    """``a / b`` (true division, IEEE: x/0 is +-inf or NaN) with broadcasting;
+    arguments and errors as :func:`add`.
+
+    >>> nbops.div(np.array([1.0, 3.0]), 2.0)
+    array([0.5, 1.5])
+    """
+    return _binary("div", a, b, out)
+
+
+@operator(SPECS["pow"])
+def pow(a, b, out=None):  # noqa: A001  (the operator's public name)
+    """``a ** b`` with broadcasting (NaN for a negative base and a non-integer
+    exponent); arguments and errors as :func:`add`.
+
+    >>> nbops.pow(np.array([2.0, 3.0]), 2.0)
+    array([4., 9.])
+    """
+    return _binary("pow", a, b, out)
+
+
+@operator(SPECS["neg"])
+def neg(x, out=None):
+    """``-x`` for a float32/float64 array on either device; ``out=x`` allowed.
+
+    >>> nbops.neg(np.array([1.0, -2.0]))
+    array([-1.,  2.])
+    """
+    return _unary("neg", x, out)
+
+
+@operator(SPECS["exp"])
+def exp(x, out=None):
+    """``exp(x)`` elementwise; arguments as :func:`neg`.
+
+    >>> nbops.exp(np.array([0.0]))
+    array([1.])
+    """
+    return _unary("exp", x, out)
+
+
+@operator(SPECS["log"])
+def log(x, out=None):
+    """Natural logarithm elementwise (``-inf`` at 0, NaN below); arguments as
+    :func:`neg`.
+
+    >>> nbops.log(np.array([1.0]))
+    array([0.])
+    """
+    return _unary("log", x, out)
+
+
+@operator(SPECS["sum"])
+def sum(x, axis=None, keepdims=False, out=None):  # noqa: A001
+    """Sum of ``x`` over ``axis`` (None: all axes; an int or a tuple of ints,
+    negative counting from the end).
+
+    ``x``: float32/float64 array on either device. Returns an array (0-d for
+    a full reduction), with the reduced axes kept as size 1 when
+    ``keepdims``. Raises TypeError for a bad dtype or a non-bool
+    ``keepdims``, ValueError for an axis out of range or repeated.
+
+    >>> nbops.sum(np.ones((2, 3)), axis=0)
+    array([2., 2., 2.])
+    """
+    return _reduce("sum", x, axis, keepdims, out)
+
+
+@operator(SPECS["mean"])
+def mean(x, axis=None, keepdims=False, out=None):
+    """Mean of ``x`` over ``axis``; arguments as :func:`sum`. The mean over an
+    empty axis is NaN.
+
+    >>> nbops.mean(np.array([[1.0, 3.0]]), axis=1)
+    array([2.])
+    """
+    return _reduce("mean", x, axis, keepdims, out)
+
+
+@operator(SPECS["expand"])
+def expand(x, shape, out=None):
+    """``x`` broadcast to ``shape`` and materialised as a new C-contiguous
+    array (NumPy's ``broadcast_to`` followed by a copy), on x's device.
+    Raises ValueError when ``x`` does not broadcast to ``shape``.
+
+    >>> nbops.expand(np.array([1.0, 2.0]), (2, 2))
+    array([[1., 2.],
+           [1., 2.]])
+    """
+    x = _checks.array("expand", "x", x)
+    shape = _shape_arg("expand", shape)
+    if _broadcast_shape("expand", x=x.shape, shape=shape) != shape:
+        raise ValueError(f"expand: cannot broadcast 'x' of shape {tuple(x.shape)} to {shape}")
+    dev = _dispatch.resolve_device("expand", x=x, out=out)
+    out = _checks.output("expand", out, shape, x.dtype, dev, {"x": x})
+    return FAMILY.kernel("copy", dev)(x, out) if out.size else out
+
+
+@operator(SPECS["sum_to"])
+def sum_to(x, shape):
+    """Sum ``x`` down to ``shape``, the inverse of broadcasting: the gradient
+    of an operand that was broadcast from ``shape`` to ``x.shape``. Returns
+    ``x`` itself when the shapes are equal. Raises ValueError when ``shape``
+    does not broadcast to ``x.shape``.
+
+    >>> nbops.sum_to(np.ones((2, 3)), (3,))
+    array([2., 2., 2.])
+    """
+    x = _checks.array("sum_to", "x", x)
+    shape = _shape_arg("sum_to", shape)
+    if tuple(x.shape) == shape:
+        return x
+    if len(shape) > x.ndim or _broadcast_shape("sum_to", x=x.shape, shape=shape) != tuple(x.shape):
+        raise ValueError(f"sum_to: shape {shape} does not broadcast to the shape "
+                         f"{tuple(x.shape)} of 'x'")
+    lead = x.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape)
+                                      if n == 1 and x.shape[lead + i] != 1)
+    summed = sum(x, axis=axes, keepdims=True)
+    return summed.reshape(shape)

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from . import _checks, _dispatch, _layout
+from . import _checks, _dispatch, _layout, _spec
 from . import autotune as _autotune
 from ._dispatch import CPU, CUDA, operator
 from .linalg import _operand, _sum_to
@@ -22,12 +22,8 @@ from .linalg import _operand, _sum_to
 __all__ = ["scaled_dot_product_attention", "positional_encoding", "DEFAULT_CONFIG",
            "ATTENTION_CONFIGS", "MAX_HEAD_DIM_CUDA"]
 
-_dispatch.register_kernel("attention", CPU, "nbops.cpu.attention:forward")
-_dispatch.register_kernel("attention", CUDA, "nbops.cuda.attention:forward")
-_dispatch.register_kernel("attention_backward", CPU, "nbops.cpu.attention:backward")
-_dispatch.register_kernel("attention_backward", CUDA, "nbops.cuda.attention:backward")
-_dispatch.register_kernel("attention_bool_mask", CPU, "nbops.cpu.attention:bool_to_additive")
-_dispatch.register_kernel("attention_bool_mask", CUDA, "nbops.cuda.attention:bool_to_additive")
+FAMILY = _spec.mirror("attention")
+_dispatch.register_kernels(FAMILY, ("forward", "backward", "bool_to_additive"))
 
 #: CPU tiles when tuning is off: 64 queries (two float32 register-tile
 #: widths) by 128 keys. Per thread that is a 32 KiB score block, a
@@ -53,7 +49,7 @@ MAX_HEAD_DIM_CUDA = 256
 @_autotune.autotune(configs=ATTENTION_CONFIGS, key=["L", "S", "D", "N"],
                     default=DEFAULT_CONFIG, name="nbops.attention")
 def _cpu_forward(args, L, S, D, N, dtype, BQ, BK):
-    return _dispatch.kernel("attention", CPU)(*args, BQ=BQ, BK=BK)
+    return FAMILY.kernel("forward", CPU)(*args, BQ=BQ, BK=BK)
 
 
 def _shp(x):
@@ -134,10 +130,10 @@ def scaled_dot_product_attention(q, k, v, mask=None, causal=False, scale=None, o
     N = int(np.prod(batch)) if batch else 1
     args = _kernel_args(op, dev, q, k, v, mask, batch, L, S, causal, scale)
     out3 = _layout.strided_view(out, (N, L, Dv), (L * Dv * out.itemsize, Dv * out.itemsize,
-                                                   out.itemsize))
+                                                  out.itemsize))
     empty = _checks.empty((0,), q.dtype, dev)
     if dev == CUDA:
-        _dispatch.kernel("attention", CUDA)(*args, out3, empty, L, S, D, Dv)
+        FAMILY.kernel("forward", CUDA)(*args, out3, empty, L, S, D, Dv)
     else:
         _cpu_forward.run(((*args, out3, empty, L, S, D, Dv),),
                          dict(L=L, S=S, D=D, N=N, dtype=np.dtype(q.dtype).name), gpu=False)
@@ -284,7 +280,7 @@ def _additive_mask(op, dev, mask, dtype):
     elif not _layout.is_c_contiguous(src):  # rare: a strided boolean device mask
         src = _dispatch.to_device(np.ascontiguousarray(_dispatch.to_host(src)))
     fm = _checks.empty(_shp(mask), dtype, dev)
-    _dispatch.kernel("attention_bool_mask", dev)(src.reshape(-1), fm.reshape(-1))
+    FAMILY.kernel("bool_to_additive", dev)(src.reshape(-1), fm.reshape(-1))
     return fm
 
 
@@ -328,7 +324,7 @@ def _attention_rule(ctx, grad):
     dk = _checks.empty((N, S, D), q.dtype, dev)
     dv = _checks.empty((N, S, Dv), q.dtype, dev)
     kw = _backward_tiles(L, S, D, N, q.dtype) if dev == CPU else {}
-    _dispatch.kernel("attention_backward", dev)(*args, o3, g3, dq, dk, dv, L, S, D, Dv, **kw)
+    FAMILY.kernel("backward", dev)(*args, o3, g3, dq, dk, dv, L, S, D, Dv, **kw)
     grads = []
     for g, x, rows, cols in ((dq, q, L, D), (dk, k, S, D), (dv, v, S, Dv)):
         g = g.reshape(batch + (rows, cols))

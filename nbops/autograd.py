@@ -567,7 +567,7 @@ class _OpSignature:
         if kinds <= {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}:
             # a register_op front (*args, **kwargs): bind to the CPU kernel's signature
             try:
-                cpu = _dispatch.kernel(op.name, _dispatch.CPU)
+                cpu = _dispatch.kernel(_dispatch.user_kernel_key(op.name), _dispatch.CPU)
                 sig = inspect.signature(getattr(cpu, "py_func", cpu))
             except (TypeError, ValueError, NotImplementedError):
                 pass

@@ -49,7 +49,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _checks, _dispatch, arith, tensor
+from . import _checks, _dispatch, _spec, arith, tensor
 from . import autotune as _autotune
 from ._dispatch import CPU, CUDA, operator
 from .linalg import _DTYPE_NAMES, matmul
@@ -57,11 +57,11 @@ from .linalg import _DTYPE_NAMES, matmul
 __all__ = ["conv1d", "conv2d", "fold_batch_norm", "conv_bn_relu", "conv_bn", "conv_relu",
            "conv_pack", "PackedConv", "DEFAULT_CONFIG", "CONV_CONFIGS"]
 
-for _name in ("conv2d", "im2col", "col2im", "bn_scale_shift", "fold_weights"):
-    _dispatch.register_kernel(f"conv.{_name}", CPU, f"nbops.cpu.conv:{_name}")
-    _dispatch.register_kernel(f"conv.{_name}", CUDA, f"nbops.cuda.conv:{_name}")
+FAMILY = _spec.mirror("conv")
+_dispatch.register_kernels(FAMILY, ("conv2d", "im2col", "col2im", "bn_scale_shift",
+                                    "fold_weights"))
 # the direct kernel's register tiles (MR, NR) per dtype: its rule needs NR
-_dispatch.register_kernel("conv.direct_tiles", CPU, "nbops.cpu.conv:DIRECT_TILES")
+_dispatch.register_kernels(FAMILY, ("DIRECT_TILES",), (CPU,))
 
 #: CPU config used when tuning is off: implicit GEMM over blocks of 256
 #: output pixels x 256 k (a 32 KiB float32 B panel per NR sliver group).
@@ -88,7 +88,7 @@ def _cpu_conv(args, geo, n, c, hw, co, kk, stride, groups, dtype, algo, NC, KC):
     # one run of the plan of config (algo, NC, KC); the tuner is only handed
     # configs whose algorithm applies (_plan_for), so planning never refuses
     plan = _plan(geo, args[4].dtype, CPU, algo, NC, KC)
-    return _dispatch.kernel("conv.conv2d", CPU)(*args, plan=plan)
+    return FAMILY.kernel("conv2d", CPU)(*args, plan=plan)
 
 
 _ACTS = {None: 0, "relu": 1}
@@ -328,8 +328,8 @@ def fold_batch_norm(weight, bias, bn_mean, bn_var, bn_weight, bn_bias, eps=1e-5)
     scale, shift = _scale_shift(dev, weight.dtype, co, stats, eps)
     w = tensor.contiguous(weight)
     folded = _checks.empty(tuple(weight.shape), weight.dtype, dev)
-    _dispatch.kernel("conv.fold_weights", dev)(_reshape(w, (co, -1)), scale,
-                                               _reshape(folded, (co, -1)))
+    FAMILY.kernel("fold_weights", dev)(_reshape(w, (co, -1)), scale,
+                                       _reshape(folded, (co, -1)))
     return folded, shift
 
 
@@ -667,7 +667,7 @@ def _grouped(geo, dtype):
 
 def _direct_rule(geo, dtype):
     # the kernel's last NR-wide tile is moved back to end at the span's end
-    nr = _dispatch.kernel("conv.direct_tiles", CPU)[np.dtype(dtype)][1]
+    nr = FAMILY.kernel("DIRECT_TILES", CPU)[np.dtype(dtype)][1]
     return (geo.sh == 1 and geo.sw == 1 and geo.c // geo.groups > 1
             and geo.oh * geo.padded()[1] >= nr)
 
@@ -916,7 +916,7 @@ def _kernel_for(dev, geo, args, n, dtype):
     :func:`_plan_for`) and conv.conv2d's kernel with it bound (CUDA's
     has a single algorithm and takes none)."""
     plan = _plan_for(dev, geo, args, n, dtype)
-    kernel = _dispatch.kernel("conv.conv2d", dev)
+    kernel = FAMILY.kernel("conv2d", dev)
     return plan, (kernel if dev == CUDA else functools.partial(kernel, plan=plan))
 
 
@@ -939,7 +939,7 @@ def _conv_packed(op, pack, x, bias, geometry, activation, out, residual):
     if geometry != _DEFAULT_GEOMETRY:
         # those given (not left at their defaults) must make the pack's geometry
         given = tuple(p if g is d else g for g, d, p in zip(geometry, _DEFAULT_GEOMETRY,
-                                                             pack._args))
+                                                            pack._args))
         try:
             same = _geometry(op, pack._spatial, x, pack.weight, *given)[0] == pack._geo
         except (TypeError, ValueError):
@@ -993,7 +993,7 @@ def _scale_shift(dev, dtype, co, stats, eps):
     scale = _checks.empty((co,), dtype, dev)
     shift = _checks.empty((co,), dtype, dev)
     bias = stats["bias"] if stats["bias"] is not None else _checks.empty((0,), dtype, dev)
-    _dispatch.kernel("conv.bn_scale_shift", dev)(
+    FAMILY.kernel("bn_scale_shift", dev)(
         bias, stats["bn_mean"], stats["bn_var"], stats["bn_weight"], stats["bn_bias"],
         float(eps), scale, shift)
     return scale, shift
@@ -1049,12 +1049,12 @@ def _conv_grads(x, w, grad, geo, spatial, need_x, need_w, need_b):
         wm = _reshape(tensor.contiguous(w), (groups, mg, k))
         cols = matmul(_swap(wm), g4)  # (N, G, k, P)
         gx = _checks.empty((n, c, geo.h, geo.w), x.dtype, dev)
-        _dispatch.kernel("conv.col2im", dev)(cols, tuple(geo), gx)
+        FAMILY.kernel("col2im", dev)(cols, tuple(geo), gx)
         gx = _reshape(gx, tuple(x.shape))
     if need_w:
         cols = _checks.empty((n, groups, k, p), x.dtype, dev)
-        _dispatch.kernel("conv.im2col", dev)(_as4d(tensor.contiguous(x), spatial), tuple(geo),
-                                             cols)
+        FAMILY.kernel("im2col", dev)(_as4d(tensor.contiguous(x), spatial), tuple(geo),
+                                     cols)
         gw = arith.sum(matmul(g4, _swap(cols)), axis=0)  # (G, mg, k)
         gw = _reshape(gw, tuple(w.shape))
     if need_b:
@@ -1112,7 +1112,7 @@ def _fold_chain(w, b, mean, var, gamma, eps, scale, gwf, gbf):
     co = int(w.shape[0])
     dev = _dispatch.device_of_array(w)
     gw = _checks.empty(tuple(w.shape), w.dtype, dev)
-    _dispatch.kernel("conv.fold_weights", dev)(
+    FAMILY.kernel("fold_weights", dev)(
         _reshape(tensor.contiguous(gwf), (co, -1)), scale, _reshape(gw, (co, -1)))
     centred = arith.neg(mean) if b is None else arith.sub(b, mean)
     gs = arith.add(arith.sum(arith.mul(_reshape(tensor.contiguous(gwf), (co, -1)),

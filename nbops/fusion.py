@@ -40,12 +40,12 @@ import numbers
 
 import numpy as np
 
-from . import _checks, _dispatch, _layout
+from . import _checks, _dispatch, _layout, _spec
 
 __all__ = ["fuse", "Fused"]
 
-_dispatch.register_kernel("fuse", _dispatch.CPU, "nbops.cpu.fusion:run")
-_dispatch.register_kernel("fuse", _dispatch.CUDA, "nbops.cuda.fusion:run")
+FAMILY = _spec.mirror("fusion")
+_dispatch.register_kernels(FAMILY, ("run",))
 
 REDUCTIONS = ("sum", "mean", "max")
 
@@ -567,7 +567,7 @@ class Fused:
         scalars = {i: a for i, a in enumerate(args) if kinds[i] == "s"}
         layout = plan([arrays[kinds[:i].count("a")] for i in prog.arrays], full, axis,
                       reduce_all)
-        result = _dispatch.kernel("fuse", device)(
+        result = FAMILY.kernel("run", device)(
             prog, self.reduce, layout, size, out, dtype, prog.constants(dtype, scalars))
         if _dispatch._Hooks.debug:
             self._debug_check(root, args, kinds, full)
@@ -615,7 +615,7 @@ def _evaluate(n, ins, args, full):
             from . import _formulas
 
             x = [np.ascontiguousarray(v) for v in ins]
-            return _dispatch.kernel(formula, _dispatch.CPU)(
+            return _dispatch.kernel("activations." + formula, _dispatch.CPU)(
                 *x, np.empty(full, dtype), _formulas.params(dtype, *params),
                 _formulas.consts(dtype))
         if n.op == "where":

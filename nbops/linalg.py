@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _checks, _dispatch, _formulas, _layout, _runtime
+from . import _checks, _dispatch, _formulas, _layout, _runtime, _spec
 from . import autotune as _autotune
 from ._tunables import (GEMM_SMALL_MAX, GEMM_TASKS_PER_THREAD, GEMV_MAX_ROWS, GEMV_MIN_COLUMNS,
                         GEMV_TASKS_PER_THREAD, STREAM_MAX_ROWS)
@@ -31,9 +31,9 @@ from ._dispatch import CPU, CUDA, operator
 __all__ = ["matmul", "bmm", "linear", "ACTIVATIONS", "DEFAULT_CONFIG", "GEMM_CONFIGS",
            "GEMM_ROUTES", "GemmPlan", "plan_gemm"]
 
-_dispatch.register_kernel("gemm", CPU, "nbops.cpu.linalg:gemm")
-_dispatch.register_kernel("gemm_blas", CPU, "nbops.cpu.linalg:gemm_blas")
-_dispatch.register_kernel("gemm", CUDA, "nbops.cuda.linalg:gemm")
+FAMILY = _spec.mirror("linalg")
+_dispatch.register_kernels(FAMILY, ("gemm",))
+_dispatch.register_kernels(FAMILY, ("gemm_blas",), (CPU,))
 
 #: Epilogue activations of :func:`linear`, in the kernels' code order
 #: (``nbops.cpu.linalg.EPILOGUES`` without "none"), with the default
@@ -82,7 +82,7 @@ def _cpu_gemm(args, m, n, k, batch, wt, dtype, impl, MC, KC, NC, SMALL=None, STR
     sak, sbk, sbn = args[3], args[6], args[7]
     plan = plan_gemm(batch, m, n, k, sak, sbk, sbn, dict(impl=impl, MC=MC, KC=KC, NC=NC,
                                                          SMALL=SMALL, STREAM=STREAM))
-    return _dispatch.kernel("gemm", CPU)(*args, plan)
+    return FAMILY.kernel("gemm", CPU)(*args, plan)
 
 
 # ---------------------------------------------------------------------------
@@ -321,7 +321,7 @@ def _gemm(op, dev, a, b, out3, bias, act, prm, impl):
         if impl == "blas":
             raise ValueError(f"{op}: impl='blas' runs on the CPU only; use 'auto' or "
                              "'nbops' for device arrays")
-        return _dispatch.kernel("gemm", CUDA)(*args)
+        return FAMILY.kernel("gemm", CUDA)(*args)
     only = None if impl == "auto" else {"impl": impl}
     dtype = _DTYPE_NAMES.get(a.dtype) or np.dtype(a.dtype).name
     return _cpu_gemm.run((args,), dict(m=m, n=n, k=k, batch=_shp(out3)[0],

@@ -30,30 +30,185 @@ import numbers
 
 import numpy as np
 
-from . import _checks, _dispatch, _layout
-from ._dispatch import CPU, CUDA, operator
+from . import _checks, _dispatch, _layout, _spec
+from ._dispatch import CPU, operator
 from .tensor import contiguous_array as _contiguous
 
 __all__ = ["batch_norm", "layer_norm", "rms_norm"]
 
 _ENTRIES = ("norm_rows", "norm_rows_backward", "batch_norm_stats", "batch_norm_invstd",
             "batch_norm_forward", "batch_norm_train", "batch_norm_backward")
-for _e in _ENTRIES:
-    # private names ("normalization.x"): no user operator can collide with them
-    _dispatch.register_kernel(f"normalization.{_e}", CPU, f"nbops.cpu.normalization:{_e}")
-    _dispatch.register_kernel(f"normalization.{_e}", CUDA, f"nbops.cuda.normalization:{_e}")
-del _e
+FAMILY = _spec.mirror("normalization")
+_kernel = FAMILY.kernel
 
 
-def _kernel(name, dev):
-    return _dispatch.kernel(f"normalization.{name}", dev)
+# Backward rules (defined before the declarations that name them)
+
+
+def _layer_norm_rule(ctx, grad):
+    x, ns, weight, bias, eps = ctx.inputs[:5]
+    dx, dw, db = _rows_grads(x, grad, ns, weight, eps, True)
+    return dx, None, dw if weight is not None else None, db if bias is not None else None, \
+        None, None
+
+
+def _rms_norm_rule(ctx, grad):
+    x, ns, weight, eps = ctx.inputs[:4]
+    if eps is None:
+        eps = float(np.finfo(x.dtype).eps)
+    dx, dw, _ = _rows_grads(x, grad, ns, weight, eps, False)
+    return dx, None, dw if weight is not None else None, None, None
+
+
+def _batch_norm_rule(ctx, grad):
+    x, running_mean, running_var, weight, bias, training, momentum, eps = ctx.inputs[:8]
+    dev = _dispatch.device_of_array(x)
+    shape = tuple(x.shape)
+    n, c = shape[0], shape[1]
+    s = math.prod(shape[2:]) if len(shape) > 2 else 1
+    dx = _checks.empty(shape, x.dtype, dev)
+    dw = _checks.empty((c,), x.dtype, dev)
+    db = _checks.empty((c,), x.dtype, dev)
+    x3 = _as3(_contiguous(x), (n, c, s))
+    # the batch statistics are recomputed (one read of x), not updated again
+    mean, invstd = _channel_stats(dev, x3, running_mean, running_var, training, 0.0,
+                                  float(eps), False)
+    w, _ = _affine(weight, None, c, x.dtype, dev)
+    _kernel("batch_norm_backward", dev)(x3, _as3(_contiguous(grad), (n, c, s)), mean, invstd,
+                                        w, bool(training), _as3(dx, (n, c, s)), dw, db)
+    return (dx, None, None, dw if weight is not None else None,
+            db if bias is not None else None, None, None, None, None)
+
+
+# ---------------------------------------------------------------------------
+# Declarations. batch_norm's samples are pure calls (evaluation, or training
+# without running statistics): the in-place update of running statistics is
+# checked by tests/test_normalization.py.
+
+_TOL = {_spec.F32: (2e-5, 2e-5), _spec.F64: (1e-10, 1e-10)}
+
+
+def _batch_norm_samples(dtype):
+    rng = np.random.default_rng(0)
+
+    def r(*shape, loc=0.0):
+        return (loc + rng.standard_normal(shape)).astype(dtype)
+
+    def stats(c):
+        return r(c), (0.5 + rng.random(c)).astype(dtype)
+
+    return [
+        _spec.Sample((r(4, 3, 7, loc=2.0), *stats(3), r(3), r(3)), dict(eps=1e-3), "eval"),
+        _spec.Sample((r(3, 2, 3, 3), *stats(2)), {}, "eval-plain"),
+        _spec.Sample((r(2, 4, 6), None, None, r(4), r(4)), dict(training=True), "train"),
+        _spec.Sample((r(5, 3), None, None), dict(training=True), "train-2d"),
+        _spec.Sample((r(1, 2, 1, 2), None, None), dict(training=True), "two-per-channel"),
+    ]
+
+
+def _rows_samples(centered):
+    def samples(dtype):
+        rng = np.random.default_rng(1)
+
+        def r(*shape, loc=0.0):
+            return (loc + rng.standard_normal(shape)).astype(dtype)
+
+        eps = dict(eps=1e-5 if centered else 1e-6)
+        affine = (lambda ns: (r(*ns), r(*ns))) if centered else (lambda ns: (r(*ns),))
+        plain = (None, None) if centered else (None,)
+        return [
+            _spec.Sample((r(3, 4, 7, loc=-3.0), (4, 7), *affine((4, 7))), eps, "3d-affine"),
+            _spec.Sample((r(5, 33), (33,), *plain), eps, "plain"),
+            _spec.Sample((r(2, 1), 1, *affine((1,))), eps, "one-per-row"),
+            _spec.Sample((r(2, 3, 40), (40,), *affine((40,))), eps, "rows-of-40"),
+            _spec.Sample((r(0, 5), (5,), *plain), eps, "empty"),
+        ]
+
+    return samples
+
+
+def _bad_calls(op, base, cases):
+    """``bad(dtype)`` from ``(overrides, error, match)``: the ``base``
+    arguments (a dict in signature order, float64) with some replaced."""
+    def bad(dtype):
+        out = []
+        for over, error, match in cases:
+            kw = {**base, **over}
+            names = list(base)
+            npos = next(i for i, k in enumerate(names) if k not in _POSITIONAL[op]) \
+                if any(k not in _POSITIONAL[op] for k in names) else len(names)
+            args = tuple(kw.pop(k) for k in names[:npos])
+            out.append(_spec.Bad(args, kw, error, match))
+        return out
+
+    return bad
+
+
+_POSITIONAL = {"batch_norm": ("x", "running_mean", "running_var"),
+               "layer_norm": ("x", "normalized_shape"), "rms_norm": ("x", "normalized_shape")}
+_BN_BASE = dict(x=np.zeros((2, 3, 4, 4)), running_mean=np.zeros(3), running_var=np.ones(3))
+_BN_BAD = _bad_calls("batch_norm", _BN_BASE, (
+    (dict(x=np.zeros((2, 3), np.int32)), TypeError, "'x' must be a float32 or float64"),
+    (dict(x=np.zeros(3)), ValueError, "must be 2-D"),
+    (dict(x=np.zeros((1, 2, 3, 4, 5))), ValueError, "must be 2-D"),
+    (dict(running_mean=np.zeros(4)), ValueError, r"'running_mean' must have shape \(3,\)"),
+    (dict(running_var=np.ones((3, 1))), ValueError, "'running_var' must have shape"),
+    (dict(weight=np.ones(2)), ValueError, "'weight' must have shape"),
+    (dict(bias=np.ones(5)), ValueError, "'bias' must have shape"),
+    (dict(running_mean=np.zeros(3, np.float32)), TypeError, "cast one of them"),
+    (dict(running_mean=None), ValueError, "'running_mean' is None"),
+    (dict(eps=-1e-5), ValueError, "'eps' must be >= 0"),
+    (dict(eps=float("nan")), ValueError, "'eps' must be finite"),
+    (dict(momentum=1.5, training=True), ValueError, "'momentum' must be <= 1"),
+    (dict(momentum=None, training=True), TypeError, "cumulative average"),
+    (dict(training="yes"), TypeError, "'training' must be a bool"),
+    (dict(x=np.zeros((1, 3)), training=True), ValueError, "more than 1 value per channel"),
+    (dict(running_var=np.ones(6)[::2], training=True), ValueError, "must be contiguous")))
+_ROW_BASE = dict(x=np.zeros((2, 3, 4, 4)), normalized_shape=4)
+_LN_BAD = _bad_calls("layer_norm", _ROW_BASE, (
+    (dict(normalized_shape=(5,)), ValueError, "suffix"),
+    (dict(normalized_shape=(3, 4)), ValueError, "suffix"),
+    (dict(normalized_shape=()), ValueError, "non-empty suffix"),
+    (dict(normalized_shape=(1, 2, 3, 4, 4)), ValueError, "suffix"),
+    (dict(normalized_shape="4"), TypeError, "sequence of ints"),
+    (dict(weight=np.ones(3)), ValueError, "'weight' must have shape"),
+    (dict(bias=np.ones((4, 1))), ValueError, "'bias' must have shape"),
+    (dict(weight=np.ones(4, np.float32)), TypeError, "cast one of them"),
+    (dict(eps=-1.0), ValueError, "'eps' must be >= 0"),
+    (dict(x=np.zeros((2, 4), np.int64)), TypeError, "float32 or float64")))
+_RMS_BAD = _bad_calls("rms_norm", _ROW_BASE, (
+    (dict(normalized_shape=(4, 4, 4)), ValueError, "suffix"),
+    (dict(weight=np.ones(5)), ValueError, "'weight' must have shape"),
+    (dict(x=np.zeros((2, 4), np.int64)), TypeError, "float32 or float64")))
+
+
+def _bench(name, setup, reference="", **kwargs):
+    return _spec.Bench(f"nbops.bench.normalization:{name}_numpy", name,
+                       f"nbops.bench.normalization:{setup}", dict(kwargs, eps=1e-5), reference,
+                       options=dict(tol=(2e-5, 1e-12)))
+
+
+SPECS = {s.name: s for s in (
+    _spec.OpSpec("batch_norm", FAMILY, _ENTRIES[2:], backward=_batch_norm_rule,
+                 samples=_batch_norm_samples, bad=_BN_BAD, grad=_spec.Grad((0, 3, 4)),
+                 tol=_TOL, bench=(_bench("batch_norm_eval", "setup_channels"),
+                        _bench("batch_norm_train", "setup_channels",
+                               "nbops.bench.normalization:batch_norm_train_reference",
+                               training=True))),
+    _spec.OpSpec("layer_norm", FAMILY, _ENTRIES[:2], backward=_layer_norm_rule,
+                 samples=_rows_samples(True), bad=_LN_BAD, grad=_spec.Grad((0, 2, 3)),
+                 tol=_TOL, bench=(_bench("layer_norm", "setup_rows"),)),
+    _spec.OpSpec("rms_norm", FAMILY, _ENTRIES[:2], backward=_rms_norm_rule,
+                 samples=_rows_samples(False), bad=_RMS_BAD, grad=_spec.Grad((0, 2)),
+                 tol=_TOL, bench=(_bench("rms_norm", "setup_rms_rows"),)),
+)}
 
 
 # ---------------------------------------------------------------------------
 # Public operators
 
 
-@operator("batch_norm")
+@operator(SPECS["batch_norm"])
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False,
                momentum=0.1, eps=1e-5, out=None):
     """Batch normalization over the channel axis 1 (PyTorch's
@@ -183,7 +338,7 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
     return out
 
 
-@operator("layer_norm")
+@operator(SPECS["layer_norm"])
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, out=None):
     """Layer normalization over the trailing ``normalized_shape`` axes
     (PyTorch's ``F.layer_norm``).
@@ -231,7 +386,7 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, out=None):
     return _rows(op, dev, x, rows, d, weight, bias, float(eps), True, out)
 
 
-@operator("rms_norm")
+@operator(SPECS["rms_norm"])
 def rms_norm(x, normalized_shape, weight=None, eps=None, out=None):
     """Root-mean-square normalization over the trailing ``normalized_shape``
     axes (PyTorch's ``F.rms_norm``): ``y = x / sqrt(mean(x^2) + eps) * weight``.
@@ -388,43 +543,3 @@ def _rows_grads(x, grad, normalized_shape, weight, eps, centered):
         _as3(_contiguous(x), (rows, d)), _as3(_contiguous(grad), (rows, d)), w, float(eps),
         centered, _as3(dx, (rows, d)), _as3(dw, (d,)), _as3(db, (d,)))
     return dx, dw, db
-
-
-def _layer_norm_rule(ctx, grad):
-    x, ns, weight, bias, eps = ctx.inputs[:5]
-    dx, dw, db = _rows_grads(x, grad, ns, weight, eps, True)
-    return dx, None, dw if weight is not None else None, db if bias is not None else None, \
-        None, None
-
-
-def _rms_norm_rule(ctx, grad):
-    x, ns, weight, eps = ctx.inputs[:4]
-    if eps is None:
-        eps = float(np.finfo(x.dtype).eps)
-    dx, dw, _ = _rows_grads(x, grad, ns, weight, eps, False)
-    return dx, None, dw if weight is not None else None, None, None
-
-
-def _batch_norm_rule(ctx, grad):
-    x, running_mean, running_var, weight, bias, training, momentum, eps = ctx.inputs[:8]
-    dev = _dispatch.device_of_array(x)
-    shape = tuple(x.shape)
-    n, c = shape[0], shape[1]
-    s = math.prod(shape[2:]) if len(shape) > 2 else 1
-    dx = _checks.empty(shape, x.dtype, dev)
-    dw = _checks.empty((c,), x.dtype, dev)
-    db = _checks.empty((c,), x.dtype, dev)
-    x3 = _as3(_contiguous(x), (n, c, s))
-    # the batch statistics are recomputed (one read of x), not updated again
-    mean, invstd = _channel_stats(dev, x3, running_mean, running_var, training, 0.0,
-                                  float(eps), False)
-    w, _ = _affine(weight, None, c, x.dtype, dev)
-    _kernel("batch_norm_backward", dev)(x3, _as3(_contiguous(grad), (n, c, s)), mean, invstd,
-                                        w, bool(training), _as3(dx, (n, c, s)), dw, db)
-    return (dx, None, None, dw if weight is not None else None,
-            db if bias is not None else None, None, None, None, None)
-
-
-layer_norm.backward = _layer_norm_rule
-rms_norm.backward = _rms_norm_rule
-batch_norm.backward = _batch_norm_rule

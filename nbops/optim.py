@@ -16,15 +16,13 @@ import math
 
 import numpy as np
 
-from . import _checks, _dispatch, _layout, arith
+from . import _checks, _dispatch, _layout, _spec, arith
 from .autograd import _is_tensor
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW"]
 
-for _k in ("sgd_step", "adam_step"):
-    _dispatch.register_kernel("optim." + _k, _dispatch.CPU, f"nbops.cpu.optim:{_k}")
-    _dispatch.register_kernel("optim." + _k, _dispatch.CUDA, f"nbops.cuda.optim:{_k}")
-del _k
+FAMILY = _spec.mirror("optim")
+_dispatch.register_kernels(FAMILY, ("sgd_step", "adam_step"))
 
 
 class Optimizer:
@@ -98,7 +96,7 @@ class SGD(Optimizer):
     Nesterov without momentum or with dampening.
     """
 
-    _kernel = "optim.sgd_step"
+    _kernel = FAMILY.key("sgd_step")
 
     def __init__(self, params, lr, momentum=0.0, dampening=0.0, weight_decay=0.0,
                  nesterov=False):
@@ -131,7 +129,7 @@ class Adam(Optimizer):
     outside [0, 1).
     """
 
-    _kernel = "optim.adam_step"
+    _kernel = FAMILY.key("adam_step")
     _decoupled = False
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):

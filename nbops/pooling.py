@@ -16,18 +16,17 @@ vectorize) and ``nbops/cuda/pooling.py`` (one thread per output element).
 
 import numpy as np
 
-from . import _checks, _dispatch, _layout
+from . import _checks, _dispatch, _layout, _spec
 from . import tensor as _tensor
-from ._dispatch import CPU, CUDA, operator
+from ._dispatch import operator
 
 __all__ = ["max_pool1d", "max_pool2d", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d",
            "adaptive_avg_pool2d", "global_avg_pool2d"]
 
-for _k in ("max_pool2d", "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward",
-           "adaptive_avg_pool2d", "adaptive_avg_pool2d_backward"):
-    _dispatch.register_kernel("pool." + _k, CPU, f"nbops.cpu.pooling:{_k}")
-    _dispatch.register_kernel("pool." + _k, CUDA, f"nbops.cuda.pooling:{_k}")
-del _k
+FAMILY = _spec.mirror("pooling")
+_dispatch.register_kernels(FAMILY, ("max_pool2d", "max_pool2d_backward", "avg_pool2d",
+                                    "avg_pool2d_backward", "adaptive_avg_pool2d",
+                                    "adaptive_avg_pool2d_backward"))
 
 
 # ---------------------------------------------------------------------------
@@ -230,7 +229,7 @@ def global_avg_pool2d(x, keepdim=False, out=None):
     out = _checks.output(op, out, shape, xc.dtype, dev, {"x": x})
     p = int(np.prod(lead))
     if p:
-        _dispatch.kernel("pool.adaptive_avg_pool2d", dev)(_as(xc, (p, h, w)), _as(out, (p, 1, 1)))
+        FAMILY.kernel("adaptive_avg_pool2d", dev)(_as(xc, (p, h, w)), _as(out, (p, 1, 1)))
     return out
 
 
@@ -254,9 +253,9 @@ def _max_rule(nd):
         else:  # the fast forward kept no indices: find them again
             idx = _checks.empty(oshape, np.int64, dev)
             vals = _checks.empty(oshape, x.dtype, dev)
-            _dispatch.kernel("pool.max_pool2d", dev)(_as(xc, (p, h, w)), vals, idx, *g.args)
+            FAMILY.kernel("max_pool2d", dev)(_as(xc, (p, h, w)), vals, idx, *g.args)
         gx = _checks.empty(tuple(x.shape), x.dtype, dev)
-        _dispatch.kernel("pool.max_pool2d_backward", dev)(
+        FAMILY.kernel("max_pool2d_backward", dev)(
             _as(_tensor.contiguous(grad), oshape), idx, _as(gx, (p, h, w)))
         return (gx,)
 
@@ -274,7 +273,7 @@ def _avg_rule(nd):
         dev = _dispatch.device_of_array(x)
         p = int(np.prod(lead))
         gx = _checks.empty(tuple(x.shape), x.dtype, dev)
-        _dispatch.kernel("pool.avg_pool2d_backward", dev)(
+        FAMILY.kernel("avg_pool2d_backward", dev)(
             _as(_tensor.contiguous(grad), (p,) + g.out), _as(gx, (p, h, w)), *g.args[:6],
             bool(kw["count_include_pad"]), _divisor(op, kw.get("divisor_override")))
         return (gx,)
@@ -298,7 +297,7 @@ def _adaptive_grad_nd(x, grad, nd):
         o = (1, 1)
     gx = _checks.empty(shape, x.dtype, dev)
     if p:
-        _dispatch.kernel("pool.adaptive_avg_pool2d_backward", dev)(
+        FAMILY.kernel("adaptive_avg_pool2d_backward", dev)(
             _as(_tensor.contiguous(grad), (p,) + o), _as(gx, (p, h, w)))
     return gx
 
@@ -441,7 +440,7 @@ def _max_pool(op, nd, x, kernel_size, stride, padding, dilation, ceil_mode, retu
     p = int(np.prod(lead))
     if p:
         oshape = (p,) + g.out
-        _dispatch.kernel("pool.max_pool2d", dev)(
+        FAMILY.kernel("max_pool2d", dev)(
             _as(xc, (p, h, w)), _as(out, oshape), None if idx is None else _as(idx, oshape),
             *g.args)
     return (out, idx) if return_indices else out
@@ -459,7 +458,7 @@ def _avg_pool(op, nd, x, kernel_size, stride, padding, ceil_mode, count_include_
     out = _checks.output(op, out, shape, xc.dtype, dev, {"x": x})
     p = int(np.prod(lead))
     if p:
-        _dispatch.kernel("pool.avg_pool2d", dev)(
+        FAMILY.kernel("avg_pool2d", dev)(
             _as(xc, (p, h, w)), _as(out, (p,) + g.out), *g.args[:6], bool(count_include_pad),
             divisor)
     return out
@@ -475,6 +474,6 @@ def _adaptive(op, nd, x, output_size, out):
     out = _checks.output(op, out, shape, xc.dtype, dev, {"x": x})
     p = int(np.prod(lead))
     if p:
-        _dispatch.kernel("pool.adaptive_avg_pool2d", dev)(_as(xc, (p, h, w)),
-                                                          _as(out, (p,) + o2))
+        FAMILY.kernel("adaptive_avg_pool2d", dev)(_as(xc, (p, h, w)),
+                                                  _as(out, (p,) + o2))
     return out

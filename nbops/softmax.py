@@ -17,16 +17,56 @@ the exponential is nbops' vectorized approximation (within 1 ulp).
 
 import numpy as np
 
-from . import _checks, _dispatch, _layout
+from . import _checks, _dispatch, _layout, _spec
 from . import tensor as _tensor
-from ._dispatch import CPU, CUDA, operator
+from ._dispatch import operator
 
 __all__ = ["softmax", "log_softmax"]
 
-for _k in ("softmax", "softmax_backward"):
-    _dispatch.register_kernel("softmax." + _k, CPU, f"nbops.cpu.softmax:{_k}")
-    _dispatch.register_kernel("softmax." + _k, CUDA, f"nbops.cuda.softmax:{_k}")
-del _k
+FAMILY = _spec.mirror("softmax")
+
+_INF, _NAN = float("inf"), float("nan")
+_SAMPLES = _spec.Shapes(
+    cases=(((7,), dict(axis=0)), ((3, 5), dict(axis=-1)), ((3, 5), dict(axis=0)),
+           ((2, 3, 4, 5), dict(axis=1)), ((2, 3, 4, 5), dict(axis=2)),
+           ((2, 33, 17), dict(axis=1)), ((2, 600, 40), dict(axis=1)),  # column blocks
+           ((4, 1, 3), dict(axis=1)), ((1, 257), dict(axis=-1)), ((0, 4), dict(axis=1)),
+           ((), dict(axis=-1))),
+    # fully masked, large magnitudes with a masked entry, NaN, +inf, huge of both signs
+    edge=((((-_INF,) * 4, (1e4, 1e4 + 1, -_INF, 0.0), (1.0, _NAN, 2.0, 3.0),
+             (_INF, 1.0, 2.0, 3.0), (1e30, -1e30, 0.0, 1e30)), dict(axis=-1)),))
+_BAD = _spec.float_only(1, ("x",), (
+    (dict(axis=2), ValueError, "'axis' is 2, out of range"),
+    (dict(axis=-3), ValueError, "'axis' is -3"),
+    (dict(axis=1.0), TypeError, "'axis' must be an int")))
+
+
+def _backward_rule(log):
+    def rule(ctx, grad):
+        y = ctx.output
+        dev = _dispatch.device_of_array(y)
+        ax = _checks.axis("softmax", "axis", ctx.kwargs["axis"], max(y.ndim, 1))
+        gx = _checks.empty(tuple(y.shape), y.dtype, dev)
+        if y.size:
+            shape3 = _split(tuple(y.shape), ax)
+            FAMILY.kernel("softmax_backward", dev)(
+                _as(_tensor.contiguous(grad), shape3), _as(y, shape3), _as(gx, shape3), log)
+        return (gx,)
+
+    return rule
+
+
+def _spec_of(name, log):
+    bench = (_spec.Bench(f"nbops.bench.softmax:{name}_numpy", name,
+                         "nbops.bench.softmax:setup_rows", options=dict(tol=(1e-6, 1e-14))),)
+    if not log:
+        bench += (_spec.Bench("nbops.bench.softmax:softmax_numpy_axis1", "softmax_axis1",
+                              "nbops.bench.softmax:setup_middle", dict(axis=1),
+                              options=dict(tol=(1e-6, 1e-14))),)
+    return _spec.OpSpec(name, FAMILY, ("softmax", "softmax_backward"),
+                        backward=_backward_rule(log), save=("output",), samples=_SAMPLES,
+                        bad=_BAD, grad=_spec.Grad((0,)),
+                        tol={_spec.F32: (2e-6, 2e-6), _spec.F64: (1e-13, 1e-13)}, bench=bench)
 
 
 _DOC = """{title}
@@ -61,12 +101,12 @@ _DOC = """{title}
     """
 
 
-@operator("softmax", save=("output",))
+@operator(_spec_of("softmax", False))
 def softmax(x, axis=-1, out=None):
     return _forward("softmax", x, axis, out, False)
 
 
-@operator("log_softmax", save=("output",))
+@operator(_spec_of("log_softmax", True))
 def log_softmax(x, axis=-1, out=None):
     return _forward("log_softmax", x, axis, out, True)
 
@@ -92,28 +132,9 @@ def _forward(op, x, axis, out, log):
     if x.size == 0:
         return out
     shape3 = _split(tuple(x.shape), ax)
-    _dispatch.kernel("softmax.softmax", dev)(_as(_tensor.contiguous(x), shape3),
-                                             _as(out, shape3), log)
+    FAMILY.kernel("softmax", dev)(_as(_tensor.contiguous(x), shape3),
+                                  _as(out, shape3), log)
     return out
-
-
-def _backward_rule(log):
-    def rule(ctx, grad):
-        y = ctx.output
-        dev = _dispatch.device_of_array(y)
-        ax = _checks.axis("softmax", "axis", ctx.kwargs["axis"], max(y.ndim, 1))
-        gx = _checks.empty(tuple(y.shape), y.dtype, dev)
-        if y.size:
-            shape3 = _split(tuple(y.shape), ax)
-            _dispatch.kernel("softmax.softmax_backward", dev)(
-                _as(_tensor.contiguous(grad), shape3), _as(y, shape3), _as(gx, shape3), log)
-        return (gx,)
-
-    return rule
-
-
-softmax.backward = _backward_rule(False)
-log_softmax.backward = _backward_rule(True)
 
 
 def _split(shape, axis):

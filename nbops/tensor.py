@@ -28,14 +28,14 @@ from collections import namedtuple
 
 import numpy as np
 
-from . import _checks, _dispatch, _layout
+from . import _checks, _dispatch, _layout, _spec
 from ._dispatch import operator
 
 __all__ = ["transpose", "permute", "cat", "split", "reshape", "contiguous"]
 
-_KERNEL = "tensor.strided_copy"  # private name: no user op can collide with it
-_dispatch.register_kernel(_KERNEL, _dispatch.CPU, "nbops.cpu.tensor:strided_copy")
-_dispatch.register_kernel(_KERNEL, _dispatch.CUDA, "nbops.cuda.tensor:strided_copy")
+FAMILY = _spec.mirror("tensor")
+_dispatch.register_kernels(FAMILY, ("strided_copy",))
+_KERNEL = FAMILY.key("strided_copy")
 
 #: Dtypes these operators accept: everything that is a plain number.
 DTYPES = tuple(np.dtype(t) for t in (

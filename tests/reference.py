@@ -1,6 +1,8 @@
 """Plain NumPy references, written from the math in float64: obviously
 correct, slow is fine. Special values follow PyTorch's formulas."""
 
+import warnings
+
 import numpy as np
 from scipy import special
 
@@ -153,3 +155,113 @@ def hardtanh_backward(g, x, min_val=-1.0, max_val=1.0):
     # selects: g strictly inside the bounds, 0 elsewhere (a NaN or inf g too)
     x = _f64(x)
     return np.where((x > min_val) & (x < max_val), _f64(g), 0.0)
+
+
+# --- arithmetic: NumPy's own, in float64 ------------------------------------
+
+def _errstate(fn):
+    def ref(*args, **kwargs):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the mean of an empty axis
+            return fn(*(_f64(a) if isinstance(a, np.ndarray) else a for a in args), **kwargs)
+    ref.__name__ = fn.__name__
+    return ref
+
+
+add = _errstate(np.add)
+sub = _errstate(np.subtract)
+mul = _errstate(np.multiply)
+div = _errstate(np.divide)
+pow = _errstate(np.power)  # noqa: A001
+neg = _errstate(np.negative)
+exp = _errstate(np.exp)
+log = _errstate(np.log)
+sum = _errstate(np.sum)  # noqa: A001
+mean = _errstate(np.mean)
+
+
+def expand(x, shape):
+    return np.broadcast_to(_f64(x), shape)
+
+
+def sum_to(x, shape):
+    x = _f64(x)
+    lead = x.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape)
+                                      if n == 1 and x.shape[lead + i] != 1)
+    return x.sum(axis=axes, keepdims=True).reshape(shape)
+
+
+# --- softmax: from the definition ------------------------------------------
+
+def softmax(x, axis=-1, log=False):
+    """exp(x - max) / sum, or its log (``log``), in float64."""
+    x = _f64(x)
+    if x.ndim == 0:
+        return np.zeros(()) if log else np.ones(())
+    m = np.max(x, axis=axis, keepdims=True) if x.size else x
+    with np.errstate(invalid="ignore"):
+        z = x - m
+        s = np.sum(np.exp(z), axis=axis, keepdims=True)
+        return z - np.log(s) if log else np.exp(z) / s
+
+
+def log_softmax(x, axis=-1):
+    return softmax(x, axis, log=True)
+
+
+# --- normalization ----------------------------------------------------------
+
+def _per_channel(v, ndim):
+    return v.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+def batch_norm_with_stats(x, rm, rv, w, b, training, momentum, eps):
+    """``(y, new_running_mean, new_running_var)`` in float64."""
+    x = _f64(x)
+    axes = (0,) + tuple(range(2, x.ndim))
+    if training:
+        mean, var = x.mean(axis=axes), x.var(axis=axes)
+        count = x.size // x.shape[1]
+        if rm is not None:
+            rm = (1 - momentum) * rm + momentum * mean
+            rv = (1 - momentum) * rv + momentum * var * count / (count - 1)
+    else:
+        mean, var = _f64(rm), _f64(rv)
+    y = (x - _per_channel(mean, x.ndim)) / np.sqrt(_per_channel(var, x.ndim) + eps)
+    if w is not None:
+        y = y * _per_channel(_f64(w), x.ndim)
+    if b is not None:
+        y = y + _per_channel(_f64(b), x.ndim)
+    return y, rm, rv
+
+
+def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False,
+               momentum=0.1, eps=1e-5):
+    return batch_norm_with_stats(x, running_mean, running_var, weight, bias, training,
+                                 momentum, eps)[0]
+
+
+def _rows_norm(x, ns, w, b, eps, centered):
+    ns = (ns,) if isinstance(ns, int) else tuple(ns)
+    x = _f64(x)
+    axes = tuple(range(x.ndim - len(ns), x.ndim))
+    with np.errstate(invalid="ignore"):
+        mean = x.mean(axis=axes, keepdims=True) if centered else 0.0
+        var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    y = (x - mean) / np.sqrt(var + eps)
+    if w is not None:
+        y = y * _f64(w)
+    if b is not None:
+        y = y + _f64(b)
+    return y
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    return _rows_norm(x, normalized_shape, weight, bias, eps, True)
+
+
+def rms_norm(x, normalized_shape, weight=None, eps=None):
+    if eps is None:
+        eps = float(np.finfo(np.asarray(x).dtype).eps)
+    return _rows_norm(x, normalized_shape, weight, None, eps, False)

@@ -1,6 +1,7 @@
-"""softmax and log_softmax against a float64 NumPy reference, any axis, both
-devices, special values (fully masked rows, NaN, huge magnitudes),
-gradchecks and every error path."""
+"""softmax and log_softmax beyond the op table (tests/test_ops.py, driven by
+the specs in nbops/softmax.py): special-value contracts, digits next to
+large maxima, gradchecks on both devices, the backward formulas against
+the Jacobian, the modules and the streamed-row path."""
 
 import numpy as np
 import pytest
@@ -8,44 +9,15 @@ import pytest
 import nbops
 from nbops import nn
 from nbops.autograd import Tensor, gradcheck
-from helpers import host, to_dev
+import reference
+from helpers import to_dev
 
 
 def ref(x, axis, log):
-    """From the definition, in float64: exp(x - max) / sum, or its log."""
-    x = np.asarray(x, np.float64)
-    m = np.max(x, axis=axis, keepdims=True)
-    with np.errstate(invalid="ignore"):
-        z = x - m
-        s = np.sum(np.exp(z), axis=axis, keepdims=True)
-        return z - np.log(s) if log else np.exp(z) / s
+    return reference.softmax(x, axis, log)
 
 
 OPS = {"softmax": (nbops.softmax, False), "log_softmax": (nbops.log_softmax, True)}
-
-CASES = [
-    ((7,), 0),
-    ((3, 5), -1),
-    ((3, 5), 0),
-    ((2, 3, 4, 5), 1),
-    ((2, 3, 4, 5), 2),
-    ((2, 33, 17), 1),
-    ((2, 600, 40), 1),     # column blocks of 16 with a remainder
-    ((4, 1, 3), 1),        # a length-1 axis: softmax 1, log_softmax 0
-    ((1, 257), -1),        # batch 1, a row crossing vector widths
-]
-
-
-@pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("shape,axis", CASES)
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_matches_reference(op, shape, axis, dtype):
-    fn, log = OPS[op]
-    x = (np.random.default_rng(0).standard_normal(shape) * 4).astype(dtype)
-    y = fn(x, axis)
-    assert y.dtype == dtype and y.shape == x.shape
-    tol = 2e-6 if dtype == np.float32 else 1e-13
-    np.testing.assert_allclose(y, ref(x, axis, log), rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("op", list(OPS))
@@ -86,19 +58,6 @@ def test_zero_dim_empty_out_and_strided():
 
 
 @pytest.mark.parametrize("op", list(OPS))
-def test_cuda_matches_reference(op, device):
-    fn, log = OPS[op]
-    rng = np.random.default_rng(2)
-    for shape, axis in (((3, 70), -1), ((2, 5, 3), 1), ((4, 6), 0)):
-        x = rng.standard_normal(shape) * 3
-        x[0, 0] = -np.inf
-        np.testing.assert_allclose(host(fn(to_dev(x, device), axis)), ref(x, axis, log),
-                                   rtol=1e-12, atol=1e-14)
-    masked = np.full((2, 3), -np.inf)
-    assert np.isnan(host(fn(to_dev(masked, device)))).all()
-
-
-@pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("axis", [-1, 1])
 def test_gradcheck(op, axis, device):
     fn, _ = OPS[op]
@@ -118,31 +77,6 @@ def test_backward_formulas_against_the_jacobian():
     t = Tensor(x, requires_grad=True)
     nbops.log_softmax(t).backward(g)
     np.testing.assert_allclose(t.grad, (np.eye(6) - s[None, :]).T @ g, rtol=1e-13)
-
-
-ERRORS = [
-    (lambda: nbops.softmax(np.ones(3, np.int64)), TypeError, "'x' must be a float32"),
-    (lambda: nbops.softmax([1.0, 2.0]), TypeError, "'x' must be a numpy.ndarray"),
-    (lambda: nbops.softmax(np.ones((2, 3)), 2), ValueError, "'axis' is 2, out of range"),
-    (lambda: nbops.log_softmax(np.ones((2, 3)), -3), ValueError, "'axis' is -3"),
-    (lambda: nbops.softmax(np.ones((2, 3)), 1.0), TypeError, "'axis' must be an int"),
-    (lambda: nbops.softmax(np.ones((2, 3)), out=np.ones((3, 2))), ValueError,
-     "'out' must have shape"),
-    (lambda: nbops.log_softmax(np.ones((2, 3)), out=np.ones((2, 3), np.float32)), TypeError,
-     "'out' must be float64"),
-]
-
-
-@pytest.mark.parametrize("call,exc,match", ERRORS)
-def test_errors(call, exc, match):
-    with pytest.raises(exc, match=match):
-        call()
-
-
-def test_out_may_not_overlap_x():
-    x = np.ones((2, 3))
-    with pytest.raises(ValueError, match="'out' overlaps input 'x'"):
-        nbops.softmax(x, out=x)
 
 
 def test_modules():

@@ -17,29 +17,36 @@ from scipy import special
 
 import nbops
 
-from .harness import Case
+from .harness import spec_cases
 
 SLOPE = 0.01       # leaky_relu's default negative_slope
-BETA = 1.5         # swish's beta: not 1, so that it differs from silu
+BETA = 1.5         # swish's beta in its spec's bench entry: not 1, unlike silu
 INV_SQRT2 = 1 / math.sqrt(2)
 INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
 GELU_K = math.sqrt(2 / math.pi)
 GELU_A = 0.044715
 
 
-def _x(n, dtype, rng):
+def setup_x(n, dtype, rng):
+    """Inputs of a forward op."""
     return (rng.standard_normal(n, dtype=dtype) * 3,)
 
 
-def _g_x(n, dtype, rng):
-    return rng.standard_normal(n, dtype=dtype), _x(n, dtype, rng)[0]
+def setup_g_x(n, dtype, rng):
+    """Inputs of a backward op that takes the forward's input."""
+    return rng.standard_normal(n, dtype=dtype), setup_x(n, dtype, rng)[0]
 
 
 def _g_y(forward):
     def setup(n, dtype, rng):
-        g, x = _g_x(n, dtype, rng)
-        return g, forward(x.astype(np.float64)).astype(dtype)
+        g, v = setup_g_x(n, dtype, rng)
+        return g, forward(v.astype(np.float64)).astype(dtype)
     return setup
+
+
+#: inputs of the backward ops that take the forward's output
+setup_g_sigmoid = _g_y(special.expit)
+setup_g_tanh = _g_y(np.tanh)
 
 
 def _sigmoid_into(z, out):
@@ -236,66 +243,24 @@ def hardtanh_backward(g, x, out):
 
 # --- float64 references where the baseline's own formula is not enough ----
 
-def _gelu_ref(x):
+def gelu_ref(x):
     return 0.5 * x * special.erfc(-x * INV_SQRT2)
 
 
-def _gelu_backward_ref(g, x):
+def gelu_backward_ref(g, x):
     return g * (0.5 * special.erfc(-x * INV_SQRT2) + x * INV_SQRT_2PI * np.exp(-0.5 * x * x))
 
 
-def _softplus_ref(x):
+def softplus_ref(x):
     return np.where(x > 20, x, np.logaddexp(x, 0))
 
 
-def _softplus_backward_ref(g, x):
+def softplus_backward_ref(g, x):
     return np.where(x > 20, g, g * special.expit(x))
 
 
-# --- the cases ------------------------------------------------------------
+# --- the cases: one per Bench entry of the specs (nbops/activations.py) ----
 
-def _unary(name, call, baseline, reference=None):
-    return Case(name, _x, lambda x, out: call(x, out=out),
-                lambda x, out: baseline(x, out), reference)
-
-
-def _binary(name, call, baseline, reference=None, setup=_g_x, **options):
-    return Case(name, setup, lambda g, v, out: call(g, v, out=out),
-                lambda g, v, out: baseline(g, v, out), reference, **options)
-
-
-def _tanh_approx(op):
-    return lambda *a, out: op(*a, approximate="tanh", out=out)
-
-
-CASES = [
-    _unary("relu", nbops.relu, relu),
-    _unary("leaky_relu", nbops.leaky_relu, leaky_relu),
-    _unary("sigmoid", nbops.sigmoid, sigmoid),
-    _unary("tanh", nbops.tanh, tanh),
-    _unary("gelu", nbops.gelu, gelu, _gelu_ref),
-    _unary("gelu_tanh", _tanh_approx(nbops.gelu), gelu_tanh),
-    _unary("silu", nbops.silu, silu),
-    _unary("swish", lambda x, out: nbops.swish(x, BETA, out=out), swish),
-    _unary("softplus", nbops.softplus, softplus, _softplus_ref),
-    _unary("elu", nbops.elu, elu),
-    _unary("hardswish", nbops.hardswish, hardswish),
-    _unary("hardtanh", nbops.hardtanh, hardtanh),
-    _binary("relu_backward", nbops.relu_backward, relu_backward),
-    _binary("leaky_relu_backward", nbops.leaky_relu_backward, leaky_relu_backward),
-    _binary("sigmoid_backward", nbops.sigmoid_backward, sigmoid_backward,
-            setup=_g_y(special.expit)),
-    _binary("tanh_backward", nbops.tanh_backward, tanh_backward, setup=_g_y(np.tanh)),
-    _binary("gelu_backward", nbops.gelu_backward, gelu_backward, _gelu_backward_ref),
-    _binary("gelu_tanh_backward", _tanh_approx(nbops.gelu_backward), gelu_tanh_backward),
-    _binary("silu_backward", nbops.silu_backward, silu_backward),
-    # grad_beta is a sum of n terms of both signs: its error relative to the
-    # sum grows with the cancellation, so it gets a looser tolerance
-    _binary("swish_backward", lambda g, x, out: nbops.swish_backward(g, x, BETA, out=out),
-            swish_backward, tol=(1e-4, 1e-10)),
-    _binary("softplus_backward", nbops.softplus_backward, softplus_backward,
-            _softplus_backward_ref),
-    _binary("elu_backward", nbops.elu_backward, elu_backward),
-    _binary("hardswish_backward", nbops.hardswish_backward, hardswish_backward),
-    _binary("hardtanh_backward", nbops.hardtanh_backward, hardtanh_backward),
-]
+CASES = spec_cases(nbops.activations.SPECS.values(),
+                   lambda spec: "nbops.bench.activations:" + (
+                       "setup_g_x" if spec.name.endswith("_backward") else "setup_x"))

@@ -193,6 +193,40 @@ def _add(cases, case, family):
     cases[case.name] = case
 
 
+def spec_cases(specs, default_setup):
+    """The :class:`Case` of every :class:`nbops._spec.Bench` entry of
+    ``specs`` (operator specs), in order: the operator called with the
+    entry's keyword arguments and ``out=``, against its baseline.
+    ``default_setup(spec)`` gives the ``"module:attr"`` of the setup of an
+    entry that names none."""
+    import nbops
+
+    out = []
+    for spec in specs:
+        op = nbops.get_operator(spec.name)
+        for b in spec.bench:
+            options = {k: _resolve(v) if k in _CALLABLE_OPTIONS else v
+                       for k, v in b.options.items()}
+            out.append(Case(
+                b.name or spec.name, _resolve(b.setup or default_setup(spec)),
+                _call_with(op, b.kwargs), _resolve(b.baseline),
+                _resolve(b.reference) if b.reference else None, **options))
+    return out
+
+
+# Case fields that a spec names by "module:attr" (specs hold data, not code)
+_CALLABLE_OPTIONS = ("out_like", "nbytes", "flops")
+
+
+def _resolve(path):
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _call_with(op, kwargs):
+    return lambda *inputs, out: op(*inputs, **kwargs, out=out)
+
+
 def register(case, family="user"):
     """Add a :class:`Case` at run time (for operators made with
     ``nbops.register_op``); it then shows in ``bench`` and ``demo``."""
@@ -454,12 +488,12 @@ def _out_like(case, inputs):
 def _nbytes(case, inputs, out):
     if case.nbytes is not None:
         return int(case.nbytes(inputs, out))
-    return int(sum(a.nbytes for a in inputs) + out.nbytes)
+    return int(sum(a.nbytes for a in inputs if isinstance(a, np.ndarray)) + out.nbytes)
 
 
 def reference(case, inputs):
     """The float64 answer for ``inputs``."""
-    wide = tuple(np.asarray(a, F64) for a in inputs)
+    wide = tuple(np.asarray(a, F64) if isinstance(a, np.ndarray) else a for a in inputs)
     if case.reference is not None:
         return case.reference(*wide)
     return case.baseline(*wide, out=_out_like(case, wide))
@@ -493,7 +527,8 @@ def run_case(case, n, dtype, *, device="cpu", rounds=5, pause=0.05, copy_gbps=No
         if device != "cpu":
             import nbops
 
-            nb_inputs = tuple(nbops.to_device(a) for a in inputs)
+            nb_inputs = tuple(nbops.to_device(a) if isinstance(a, np.ndarray) else a
+                              for a in inputs)
             out_n = nbops.to_device(out_n)
         with np.errstate(all="ignore"):
             y = case.run(*nb_inputs, out=out_n)  # compiles on first use

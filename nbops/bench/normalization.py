@@ -22,7 +22,7 @@ import numpy as np
 
 import nbops
 
-from .harness import Case, fmt_time, parallel_copy, time_interleaved
+from .harness import fmt_time, parallel_copy, spec_cases, time_interleaved
 
 WIDTH = 768          # layer/RMS norm row length
 CHANNELS, PLANE = 64, (56, 56)
@@ -33,15 +33,22 @@ EPS = 1e-5
 # Inputs
 
 
-def _rows(n, dtype, rng):
+def setup_rows(n, dtype, rng):
+    """``(x, normalized_shape, weight, bias)`` of layer norm over rows."""
     d = min(WIDTH, n)
     x = rng.standard_normal((max(1, n // d), d)).astype(dtype)
     w = (1 + 0.1 * rng.standard_normal(d)).astype(dtype)
     b = (0.1 * rng.standard_normal(d)).astype(dtype)
-    return x, w, b
+    return x, (d,), w, b
 
 
-def _channels(n, dtype, rng):
+def setup_rms_rows(n, dtype, rng):
+    """``(x, normalized_shape, weight)`` of RMS norm over rows."""
+    return setup_rows(n, dtype, rng)[:3]
+
+
+def setup_channels(n, dtype, rng):
+    """``(x, running_mean, running_var, weight, bias)`` of batch norm."""
     hw = PLANE[0] * PLANE[1]
     c = min(CHANNELS, max(1, n // 4))
     if n >= CHANNELS * hw:
@@ -61,7 +68,7 @@ def _channels(n, dtype, rng):
 # NumPy baselines (into out)
 
 
-def layer_norm_numpy(x, w, b, out):
+def layer_norm_numpy(x, normalized_shape, w, b, out):
     mean = x.mean(axis=-1, keepdims=True)
     np.subtract(x, mean, out=out)
     var = np.mean(np.square(out), axis=-1, keepdims=True)
@@ -71,7 +78,7 @@ def layer_norm_numpy(x, w, b, out):
     return out
 
 
-def rms_norm_numpy(x, w, out):
+def rms_norm_numpy(x, normalized_shape, w, out):
     ms = np.mean(np.square(x), axis=-1, keepdims=True)
     np.multiply(x, 1 / np.sqrt(ms + EPS), out=out)
     out *= w
@@ -106,29 +113,18 @@ def batch_norm_train_numpy(x, rm, rv, w, b, out):
     return out
 
 
+def batch_norm_train_reference(x, rm, rv, w, b):
+    """The baseline on copies of the running statistics (it updates them)."""
+    return batch_norm_train_numpy(x, rm.copy(), rv.copy(), w, b, np.empty_like(x))
+
+
 def _copies(inputs):
     # training updates the running statistics in place: each side gets its own
     return tuple(a.copy() for a in inputs)
 
 
-CASES = [
-    Case("layer_norm", _rows,
-         lambda x, w, b, out: nbops.layer_norm(x, tuple(x.shape)[-1], w, b, eps=EPS,
-                                               out=out),
-         layer_norm_numpy, requires=("layer_norm",), tol=(2e-5, 1e-12)),
-    Case("rms_norm", lambda n, dtype, rng: _rows(n, dtype, rng)[:2],
-         lambda x, w, out: nbops.rms_norm(x, tuple(x.shape)[-1], w, eps=EPS, out=out),
-         rms_norm_numpy, requires=("rms_norm",), tol=(2e-5, 1e-12)),
-    Case("batch_norm_eval", _channels,
-         lambda x, rm, rv, w, b, out: nbops.batch_norm(x, rm, rv, w, b, eps=EPS, out=out),
-         batch_norm_eval_numpy, requires=("batch_norm",), tol=(2e-5, 1e-12)),
-    Case("batch_norm_train", _channels,
-         lambda x, rm, rv, w, b, out: nbops.batch_norm(x, rm, rv, w, b, training=True,
-                                                       eps=EPS, out=out),
-         batch_norm_train_numpy, requires=("batch_norm",), tol=(2e-5, 1e-12),
-         reference=lambda x, rm, rv, w, b: batch_norm_train_numpy(
-             x, rm.copy(), rv.copy(), w, b, np.empty_like(x))),
-]
+# one case per Bench entry of the specs (nbops/normalization.py)
+CASES = spec_cases(nbops.normalization.SPECS.values(), None)
 
 
 # ---------------------------------------------------------------------------

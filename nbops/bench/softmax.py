@@ -20,18 +20,18 @@ import numpy as np
 
 import nbops
 
-from .harness import Case, fmt_time, parallel_copy, time_interleaved
+from .harness import fmt_time, parallel_copy, spec_cases, time_interleaved
 from .pooling import onnx_node_call
 
 ROW = 512
 
 
-def _rows(n, dtype, rng):
+def setup_rows(n, dtype, rng):
     d = min(ROW, n)
     return ((3 * rng.standard_normal((max(1, n // d), d))).astype(dtype),)
 
 
-def _middle(n, dtype, rng):
+def setup_middle(n, dtype, rng):
     return ((3 * rng.standard_normal((max(1, n // (64 * ROW)), 64, ROW))).astype(dtype),)
 
 
@@ -48,14 +48,12 @@ def log_softmax_numpy(x, out, axis=-1):
     return out
 
 
-CASES = [
-    Case("softmax", _rows, lambda x, out: nbops.softmax(x, out=out), softmax_numpy,
-         requires=("softmax",), tol=(1e-6, 1e-14)),
-    Case("log_softmax", _rows, lambda x, out: nbops.log_softmax(x, out=out),
-         log_softmax_numpy, requires=("log_softmax",), tol=(1e-6, 1e-14)),
-    Case("softmax_axis1", _middle, lambda x, out: nbops.softmax(x, 1, out=out),
-         lambda x, out: softmax_numpy(x, out, 1), requires=("softmax",), tol=(1e-6, 1e-14)),
-]
+def softmax_numpy_axis1(x, out):
+    return softmax_numpy(x, out, 1)
+
+
+# one case per Bench entry of the specs (nbops/softmax.py)
+CASES = spec_cases([nbops.get_operator(n).spec for n in ("softmax", "log_softmax")], None)
 
 
 # ---------------------------------------------------------------------------

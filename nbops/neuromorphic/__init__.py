@@ -36,7 +36,7 @@ import numbers
 
 import numpy as np
 
-from .. import _checks, _dispatch, _layout
+from .. import _checks, _dispatch, _layout, _spec
 from .._dispatch import operator
 from . import lif as _lif
 from .encoding import delta, first_spike_time, latency, rate, spike_count  # noqa: F401
@@ -47,11 +47,8 @@ __all__ = ["lif", "if_neuron", "synaptic", "alif", "lif_step", "lif_backward",
            "LIFState", "SURROGATES", "rate", "latency", "delta", "spike_count",
            "first_spike_time"]
 
-_dispatch.register_kernel("spiking_forward", _dispatch.CPU, "nbops.neuromorphic.cpu:forward")
-_dispatch.register_kernel("spiking_forward", _dispatch.CUDA, "nbops.neuromorphic.cuda:forward")
-_dispatch.register_kernel("spiking_backward", _dispatch.CPU, "nbops.neuromorphic.cpu:backward")
-_dispatch.register_kernel("spiking_backward", _dispatch.CUDA,
-                          "nbops.neuromorphic.cuda:backward")
+FAMILY = _spec.subpackage("neuromorphic")
+_dispatch.register_kernels(FAMILY, ("forward", "backward"))
 
 _SPIKE_DTYPES = (np.dtype(np.uint8), np.dtype(np.bool_))
 
@@ -246,7 +243,7 @@ class _Call:
         b = self.empty(self.shape[1:]) if self.keep_b else None
         tr = self.empty(self.shape) if trace else None
         t, m = self.shape[0], self.m
-        _dispatch.kernel("spiking_forward", self.dev)(
+        FAMILY.kernel("forward", self.dev)(
             self.model, self.x, self.a0, self.b0, self.p, self.c, spk.reshape(t, m),
             a.reshape(m), None if b is None else b.reshape(m),
             None if tr is None else tr.reshape(t, m))
@@ -263,7 +260,7 @@ class _Call:
         gx = _checks.output(self.op, out, self.shape, self.dtype, self.dev,
                             {"inputs": self.x, "grad_spikes": gs, "grad_trace": gtr})
         ga0, gb0, gbeta, gthr = (self.empty((m,)) for _ in range(4))
-        _dispatch.kernel("spiking_backward", self.dev)(
+        FAMILY.kernel("backward", self.dev)(
             self.model, self.surrogate, self.x, self.a0,
             self.zeros(m) if self.b0 is None else self.b0, self.p, self.c, self.sp, gs,
             None if gtr is None else gtr.reshape(t, m),

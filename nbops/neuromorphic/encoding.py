@@ -14,7 +14,7 @@ import importlib
 
 import numpy as np
 
-from .. import _checks, _dispatch
+from .. import _checks, _dispatch, _spec
 from .._dispatch import operator
 
 # the package's ``lif`` attribute is the public function; reach the module by name
@@ -22,12 +22,9 @@ _lif = importlib.import_module(".lif", __package__)
 
 __all__ = ["rate", "latency", "delta", "spike_count", "first_spike_time"]
 
-for _name in ("rate", "latency", "delta", "spike_count", "first_spike_time"):
-    _dispatch.register_kernel("spike_" + _name, _dispatch.CPU,
-                              f"nbops.neuromorphic.cpu:{_name}")
-    _dispatch.register_kernel("spike_" + _name, _dispatch.CUDA,
-                              f"nbops.neuromorphic.cuda:{_name}")
-del _name
+FAMILY = _spec.subpackage("neuromorphic")
+_dispatch.register_kernels(FAMILY, ("rate", "latency", "delta", "spike_count",
+                                    "first_spike_time"))
 
 _SPIKE_STORAGE = tuple(np.dtype(d) for d in (np.uint8, np.bool_, np.float32, np.float64))
 _ANY_SPIKES = _SPIKE_STORAGE + (np.dtype(np.int8),)
@@ -73,8 +70,8 @@ def _encode(op, kernel, x, num_steps, dtype, args):
     dev = _dispatch.resolve_device(op, x=x)
     out = _checks.empty((t,) + tuple(x.shape), d, dev, op)
     # the kernels compute in float64 anyway: one compiled CPU kernel per output dtype
-    _dispatch.kernel(kernel, dev)(_flat(x, np.float64), *args,
-                                  out.reshape(t, -1) if x.size else out)
+    FAMILY.kernel(kernel, dev)(_flat(x, np.float64), *args,
+                               out.reshape(t, -1) if x.size else out)
     return out
 
 
@@ -114,7 +111,7 @@ def rate(x, num_steps, gain=1.0, *, mode="bernoulli", seed=0, dtype=np.uint8):
     g = _checks.scalar("rate", "gain", gain, low=0.0)
     _checks.choice("rate", "mode", mode, ("bernoulli", "poisson"))
     key = _seed("rate", seed)
-    return _encode("rate", "spike_rate", x, num_steps, dtype, (key, g, mode == "poisson"))
+    return _encode("rate", "rate", x, num_steps, dtype, (key, g, mode == "poisson"))
 
 
 @operator("spike_latency")
@@ -148,7 +145,7 @@ def latency(x, num_steps, *, tau=5.0, threshold=0.01, linear=False, dtype=np.uin
     if not isinstance(linear, (bool, np.bool_)):
         raise TypeError(f"latency: argument 'linear' must be a bool, got "
                         f"{_checks.describe(linear)}")
-    return _encode("latency", "spike_latency", x, num_steps, dtype, (tau, thr, bool(linear)))
+    return _encode("latency", "latency", x, num_steps, dtype, (tau, thr, bool(linear)))
 
 
 @operator("spike_delta")
@@ -187,8 +184,8 @@ def delta(x, threshold=0.1, *, padding=False, off_spike=False, dtype=None):
     out = _checks.empty(tuple(x.shape), d, dev)
     t = x.shape[0]
     if x.size:
-        _dispatch.kernel("spike_delta", dev)(_flat(x).reshape(t, -1), thr, bool(padding),
-                                             bool(off_spike), out.reshape(t, -1))
+        FAMILY.kernel("delta", dev)(_flat(x).reshape(t, -1), thr, bool(padding),
+                                    bool(off_spike), out.reshape(t, -1))
     return out
 
 
@@ -225,8 +222,8 @@ def spike_count(spikes):
     d = spikes.dtype if spikes.dtype.kind == "f" else np.dtype(np.int32)
     out = _checks.empty(tuple(spikes.shape[1:]), d, dev)
     t = spikes.shape[0]
-    _dispatch.kernel("spike_spike_count", dev)(_flat(_counted(spikes)).reshape(t, -1),
-                                               out.reshape(-1))
+    FAMILY.kernel("spike_count", dev)(_flat(_counted(spikes)).reshape(t, -1),
+                                      out.reshape(-1))
     return out
 
 
@@ -245,6 +242,6 @@ def first_spike_time(spikes):
     dev, spikes = _spikes("first_spike_time", spikes)
     out = _checks.empty(tuple(spikes.shape[1:]), np.int32, dev)
     t = spikes.shape[0]
-    _dispatch.kernel("spike_first_spike_time", dev)(_flat(_counted(spikes)).reshape(t, -1),
-                                                    out.reshape(-1))
+    FAMILY.kernel("first_spike_time", dev)(_flat(_counted(spikes)).reshape(t, -1),
+                                           out.reshape(-1))
     return out

@@ -7,16 +7,14 @@ the losses join the autograd tape like any operator.
 
 import numpy as np
 
-from .. import _checks, _dispatch, _formulas, arith
+from .. import _checks, _dispatch, _formulas, _spec, arith
 from .._dispatch import operator
 
 __all__ = ["mse_loss", "cross_entropy", "binary_cross_entropy_with_logits"]
 
-for _k in ("cross_entropy", "cross_entropy_backward", "bce_with_logits",
-           "bce_with_logits_backward"):
-    _dispatch.register_kernel("nn." + _k, _dispatch.CPU, f"nbops.nn.cpu:{_k}")
-    _dispatch.register_kernel("nn." + _k, _dispatch.CUDA, f"nbops.nn.cuda:{_k}")
-del _k
+FAMILY = _spec.subpackage("nn")
+_dispatch.register_kernels(FAMILY, ("cross_entropy", "cross_entropy_backward",
+                                    "bce_with_logits", "bce_with_logits_backward"))
 
 _REDUCTIONS = ("mean", "sum", "none")
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
@@ -85,7 +83,7 @@ def binary_cross_entropy_with_logits(logits, target, reduction="mean"):
     dev, logits, target = _pair("binary_cross_entropy_with_logits", logits, target, reduction,
                                 "logits")
     out = _checks.empty(logits.shape, logits.dtype, dev)
-    _dispatch.kernel("nn.bce_with_logits", dev)(
+    FAMILY.kernel("bce_with_logits", dev)(
         logits, target, out, _formulas.params(logits.dtype), _formulas.consts(logits.dtype))
     return _reduce(out, reduction)
 
@@ -94,7 +92,7 @@ def _bce_rule(ctx, g):
     x, t = ctx.inputs[:2]
     dev = _dispatch.device_of_array(x)
     d = _checks.empty(x.shape, x.dtype, dev)
-    _dispatch.kernel("nn.bce_with_logits_backward", dev)(
+    FAMILY.kernel("bce_with_logits_backward", dev)(
         x, t, d, _formulas.params(x.dtype), _formulas.consts(x.dtype))
     up = _upstream(g, ctx.kwargs["reduction"], d.size)
     gx = arith.mul(d, up, out=d)
@@ -136,7 +134,7 @@ def cross_entropy(logits, target, reduction="mean"):
         bad = int(host_t[(host_t < 0) | (host_t >= logits.shape[1])][0])
         raise ValueError(f"{op}: target holds class {bad}, outside [0, {logits.shape[1]})")
     out = _checks.empty((logits.shape[0],), logits.dtype, dev)
-    _dispatch.kernel("nn.cross_entropy", dev)(logits, target, out)
+    FAMILY.kernel("cross_entropy", dev)(logits, target, out)
     return _reduce(out, reduction)
 
 
@@ -146,7 +144,7 @@ def _ce_rule(ctx, g):
     n = x.shape[0]
     grow = arith.expand(_upstream(g, ctx.kwargs["reduction"], n), (n,))
     out = _checks.empty(x.shape, x.dtype, dev)
-    return (_dispatch.kernel("nn.cross_entropy_backward", dev)(x, t, grow, out),)
+    return (FAMILY.kernel("cross_entropy_backward", dev)(x, t, grow, out),)
 
 
 mse_loss.backward = _mse_rule

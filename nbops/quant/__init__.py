@@ -33,9 +33,9 @@ Kernels live in ``quant/cpu.py`` and ``quant/cuda.py`` beside this module.
 
 import numpy as np
 
-from .. import _checks, _dispatch
+from .. import _checks, _dispatch, _spec
 from .. import pooling as _pooling
-from .._dispatch import CPU, CUDA, operator
+from .._dispatch import CPU, operator
 from ._requant import quantize_multiplier
 from .qtensor import QTYPES, QTensor, qrange
 from .qtensor import _check_channel_scales, _check_channel_zero_points
@@ -55,10 +55,9 @@ __all__ = [
     "quantize_dynamic", "prepare", "convert", "QConfig", "default_qconfig",
 ]
 
-for _k in ("quantize", "dequantize", "add", "relu", "max_pool2d", "adaptive_avg_pool2d"):
-    _dispatch.register_kernel("quant." + _k, CPU, f"nbops.quant.cpu:{_k}")
-    _dispatch.register_kernel("quant." + _k, CUDA, f"nbops.quant.cuda:{_k}")
-del _k
+FAMILY = _spec.subpackage("quant")
+_dispatch.register_kernels(FAMILY, ("quantize", "dequantize", "add", "relu", "max_pool2d",
+                                    "adaptive_avg_pool2d"))
 
 #: Values of the ``requant=`` argument.
 REQUANT_MODES = ("fixed", "float")
@@ -120,7 +119,7 @@ def quantize_per_tensor(x, scale, zero_point, dtype, out=None):
     dev = _dispatch.resolve_device(op, x=x, out=out)
     x = _contiguous(op, "x", x, dev)
     out = _checks.output(op, out, x.shape, qdtype, dev, {"x": x})
-    _dispatch.kernel("quant.quantize", dev)(
+    FAMILY.kernel("quantize", dev)(
         x, np.array([scale], x.dtype), np.array([zero_point], np.int32), qmin, qmax, out, 1)
     return QTensor(out, scale, zero_point)
 
@@ -181,7 +180,7 @@ def quantize_per_channel(x, scales, zero_points, axis, dtype, out=None):
     x = _contiguous(op, "x", x, dev)
     out = _checks.output(op, out, x.shape, qdtype, dev, {"x": x})
     if channels:
-        _dispatch.kernel("quant.quantize", dev)(
+        FAMILY.kernel("quantize", dev)(
             x, scales.astype(x.dtype), zero_points, qmin, qmax, out, _inner(x.shape, axis))
     return QTensor(out, scales, zero_points, axis=axis)
 
@@ -234,7 +233,7 @@ def dequantize(q, dtype=np.float32, out=None):
     else:
         scales, zps, inner = q.scale.astype(fdtype), q.zero_point, _inner(q.shape, q.axis)
     if scales.size:
-        _dispatch.kernel("quant.dequantize", dev)(values, scales, zps, out, inner)
+        FAMILY.kernel("dequantize", dev)(values, scales, zps, out, inner)
     return out
 
 
@@ -337,7 +336,7 @@ def _add(op, qa, qb, scale, zero_point, requant, relu):
     iparams = np.array([qa.zero_point, qb.zero_point, zo, lo, qmax, ma, sha, mb, shb, mo, sho],
                        np.int64)
     fparams = np.array([sa / so, sb / so], np.float64)
-    _dispatch.kernel("quant.add", dev)(a, b, out, iparams, fparams, requant == "fixed")
+    FAMILY.kernel("add", dev)(a, b, out, iparams, fparams, requant == "fixed")
     return QTensor(out, so, zo)
 
 
@@ -371,7 +370,7 @@ def relu(q):
     q = _qtensor(op, "q", q, per_tensor=True)
     values = _contiguous(op, "q", q.values, q.device)
     out = _checks.empty(q.shape, q.dtype, q.device)
-    _dispatch.kernel("quant.relu", q.device)(values, q.zero_point, out)
+    FAMILY.kernel("relu", q.device)(values, q.zero_point, out)
     return q._with_values(out)
 
 
@@ -432,7 +431,7 @@ def max_pool2d(q, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
                          f"the padded input {h}x{w}")
     values = _contiguous(op, "q", q.values, q.device)
     out = _checks.empty((n, c, oh, ow), q.dtype, q.device, op)
-    _dispatch.kernel("quant.max_pool2d", q.device)(values, out, kh, kw, sh, sw, ph, pw, dh, dw)
+    FAMILY.kernel("max_pool2d", q.device)(values, out, kh, kw, sh, sw, ph, pw, dh, dw)
     return q._with_values(out)
 
 
@@ -524,7 +523,7 @@ def _adaptive_avg(op, q, output_size, scale, zero_point, requant):
     fscale = q.scale / (so * counts.astype(np.float64))
     mult, shift = _multipliers(fscale)
     values = _contiguous(op, "q", q.values, q.device)
-    _dispatch.kernel("quant.adaptive_avg_pool2d", q.device)(
+    FAMILY.kernel("adaptive_avg_pool2d", q.device)(
         values, out, q.zero_point, zo, qmin, qmax, mult, shift, fscale, requant == "fixed")
     return QTensor(out, so, zo)
 

@@ -34,21 +34,19 @@ import numbers
 
 import numpy as np
 
-from .. import _checks, _dispatch, _layout
+from .. import _checks, _dispatch, _layout, _spec
 from .. import conv as _conv
-from .._dispatch import CPU, CUDA, operator
+from .._dispatch import CPU, operator
 from . import _requant
 from .qtensor import QTYPES, QTensor
 
 __all__ = ["matmul_integer", "matmul", "linear", "linear_dynamic", "conv2d", "pack_weight",
            "PackedWeight", "ACC_LIMIT"]
 
-for _k in ("gemm", "conv2d"):
-    _dispatch.register_kernel("quant.int8_" + _k, CPU, f"nbops.quant.cpu_gemm:{_k}_op")
-    _dispatch.register_kernel("quant.int8_" + _k, CUDA, f"nbops.quant.cuda_gemm:{_k}_op")
-_dispatch.register_kernel("quant.pack_b", CPU, "nbops.quant.cpu_gemm:pack_b")
-_dispatch.register_kernel("quant.pack_a", CPU, "nbops.quant.cpu_gemm:pack_a")
-del _k
+# the int8 GEMM's modules pair as quant/cpu_gemm.py and quant/cuda_gemm.py
+FAMILY = _spec.Family("quant_gemm", "nbops.quant.cpu_gemm", "nbops.quant.cuda_gemm")
+_dispatch.register_kernels(FAMILY, ("gemm_op", "conv2d_op"))
+_dispatch.register_kernels(FAMILY, ("pack_a", "pack_b"), (CPU,))
 
 #: Exclusive bound on ``k * max|a - za| * max|b - zb|`` (int32 accumulation).
 ACC_LIMIT = 2**31
@@ -432,7 +430,7 @@ def conv2d(qx, qw, bias=None, stride=1, padding=0, dilation=1, groups=1, out_sca
         out = _bytes(out)
     if out.size:
         xv = _contiguous(op, "qx", qx.values, dev)
-        _dispatch.kernel("quant.int8_conv2d", dev)(
+        FAMILY.kernel("conv2d_op", dev)(
             _bytes(xv), _flip(qx.dtype), qx.zero_point, pw,
             ((geo.sh, geo.sw), (geo.ph, geo.pw), (geo.dh, geo.dw)), (oh, ow), out, epi)
     return res
@@ -480,12 +478,12 @@ class PackedWeight:
         if len(self.shape) == 2:
             # B = w.T (k x n): element strides (1, k)
             flip = 0 if q.dtype == np.dtype(np.int8) else 0x80
-            self.words, self.sums = _dispatch.kernel("quant.pack_b", CPU)(
+            self.words, self.sums = FAMILY.kernel("pack_b", CPU)(
                 v.reshape(-1), 0, 1, k, k, oc, flip)
         else:
             flip = 0x80 if q.dtype == np.dtype(np.int8) else 0
             ocg = oc // self.groups
-            packs = [_dispatch.kernel("quant.pack_a", CPU)(
+            packs = [FAMILY.kernel("pack_a", CPU)(
                 v.reshape(-1), gi * ocg * k, k, 1, ocg, k, flip)
                 for gi in range(self.groups)]
             self.words = [p[0] for p in packs]
@@ -589,8 +587,8 @@ def _product(dev, a, za, bop, zb, batch, out3, m, n, k, epi):
     flip_a = _flip(a.dtype)
     za2 = (za + (128 if flip_a else 0)).astype(np.int32)
     zb2 = np.asarray(zb, np.int32) - (128 if bop.flip else 0)
-    _dispatch.kernel("quant.int8_gemm", dev)(abuf, offa, sam, sak, flip_a, za2, bop,
-                                             zb2.astype(np.int32), out3, m, n, k, epi)
+    FAMILY.kernel("gemm_op", dev)(abuf, offa, sam, sak, flip_a, za2, bop,
+                                  zb2.astype(np.int32), out3, m, n, k, epi)
 
 
 def _epilogue(kind, scales, fbias, s_out, z_out, odt, bias, m, n, per_row=False):

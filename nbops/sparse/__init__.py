@@ -37,7 +37,7 @@ import numpy as np
 
 from .. import _checks, _dispatch
 from .._dispatch import operator
-from .csr import CSRMatrix, is_tensor, raw, transpose_plan, validate
+from .csr import CSRMatrix, _kernel, is_tensor, raw, transpose_plan, validate
 
 __all__ = ["CSRMatrix", "from_coo", "from_dense", "from_scipy", "mv", "mm", "matmul",
            "sddmm", "softmax", "add", "scale_rows", "scale_columns", "gcn_norm",
@@ -47,19 +47,6 @@ __all__ = ["CSRMatrix", "from_coo", "from_dense", "from_scipy", "mv", "mm", "mat
 from_coo = CSRMatrix.from_coo
 from_dense = CSRMatrix.from_dense
 from_scipy = CSRMatrix.from_scipy
-
-for _k in ("spmv", "spmm", "sddmm", "row_softmax", "row_softmax_backward", "scale",
-           "to_dense", "gather", "scatter", "add", "expand_rows", "counting_sort",
-           "canonicalize", "is_canonical", "row_lengths", "check_structure", "from_dense",
-           "inv_sqrt", "dequantize"):
-    _dispatch.register_kernel("sparse." + _k, _dispatch.CPU, f"nbops.sparse.cpu:{_k}")
-    _dispatch.register_kernel("sparse." + _k, _dispatch.CUDA, f"nbops.sparse.cuda:{_k}")
-del _k
-
-
-def _kernel(name, device):
-    return _dispatch.kernel("sparse." + name, device)
-
 
 def _dense(op, name, x, ndim, device):
     x = _checks.array(op, name, x)

@@ -12,7 +12,7 @@ import weakref
 
 import numpy as np
 
-from .. import _checks, _dispatch
+from .. import _checks, _dispatch, _spec
 
 INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 VALUE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int8))
@@ -32,8 +32,15 @@ def _host(x):
     return np.asarray(_dispatch.to_host(x))
 
 
+FAMILY = _spec.subpackage("sparse")
+_dispatch.register_kernels(FAMILY, (
+    "spmv", "spmm", "sddmm", "row_softmax", "row_softmax_backward", "scale", "to_dense",
+    "gather", "scatter", "add", "expand_rows", "counting_sort", "canonicalize",
+    "is_canonical", "row_lengths", "check_structure", "from_dense", "inv_sqrt", "dequantize"))
+
+
 def _kernel(name, device):
-    return _dispatch.kernel("sparse." + name, device)
+    return FAMILY.kernel(name, device)
 
 
 def _as_array(op, name, x):
