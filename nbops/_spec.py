@@ -143,7 +143,8 @@ class OpSpec:
         The float dtypes the operator accepts.
     reference : str
         Name of the NumPy reference in ``tests/reference.py`` (default: ``name``),
-        called with the sample's arguments as float64.
+        or ``"test_module:function"`` in a family's test file; called with
+        the sample's arguments, arrays as float64.
     samples : callable
         ``samples(dtype) -> list of Sample``: valid calls, edge values among them.
     bad : callable

@@ -16,6 +16,8 @@ cannot say: accuracy sweeps, streaming paths, special-value contracts that
 differ from the reference's formula.
 """
 
+import importlib
+
 import numpy as np
 import pytest
 
@@ -35,8 +37,18 @@ def _op(spec):
     return _dispatch.get_operator(spec.name)
 
 
+def _reference_fn(spec):
+    """``reference.py``'s function of the spec's reference name, or, for a
+    ``"test_module:attr"`` name, that test module's (a family's own file)."""
+    name = spec.reference_name
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        return getattr(importlib.import_module(module), attr)
+    return getattr(ref, name)
+
+
 def _reference(spec, sample):
-    fn = getattr(ref, spec.reference_name)
+    fn = _reference_fn(spec)
     args = [np.asarray(a, np.float64) if isinstance(a, np.ndarray) else a for a in sample.args]
     with np.errstate(all="ignore"):
         return fn(*args, **sample.kwargs)
