@@ -156,6 +156,8 @@ class OpSpec:
     out : bool
         Whether the operator takes ``out=``; ``inplace`` lists the positional
         inputs ``out`` may be.
+    strided : tuple, optional
+        The positional inputs that may have any strides (default: every one).
     bench : tuple of Bench
     """
 
@@ -172,6 +174,7 @@ class OpSpec:
     tol: dict = field(default_factory=lambda: {F32: (4e-6, 1e-6), F64: (1e-13, 1e-14)})
     out: bool = True
     inplace: tuple = ()
+    strided: Optional[tuple] = None
     bench: tuple = ()
 
     @property

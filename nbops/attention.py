@@ -23,7 +23,69 @@ __all__ = ["scaled_dot_product_attention", "positional_encoding", "DEFAULT_CONFI
            "ATTENTION_CONFIGS", "MAX_HEAD_DIM_CUDA"]
 
 FAMILY = _spec.mirror("attention")
-_dispatch.register_kernels(FAMILY, ("forward", "backward", "bool_to_additive"))
+
+
+def _samples(dtype):
+    """Batches that broadcast, L != S, D != Dv, causal, bool and additive
+    masks with a fully masked row, length 1, and scores of about 1e4."""
+    rng = np.random.default_rng(0)
+
+    def r(*shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale).astype(dtype)
+
+    def mask(shape, additive):
+        keep = rng.random(shape) > 0.35
+        keep[..., 0, :] = False
+        return np.where(keep, r(*shape), -np.inf).astype(dtype) if additive else keep
+
+    return [
+        _spec.Sample((r(2, 3, 4), r(2, 5, 4), r(2, 5, 2)), {}, "L!=S,D!=Dv"),
+        _spec.Sample((r(2, 5, 3), r(1, 5, 3), r(5, 3)), dict(causal=True), "causal-broadcast"),
+        _spec.Sample((r(1, 6, 4), r(2, 5, 4), r(1, 5, 3)), dict(mask=mask((6, 5), False)),
+                     "bool-mask"),
+        _spec.Sample((r(2, 4, 4), r(2, 6, 4), r(2, 6, 4)), dict(mask=mask((2, 1, 6), True)),
+                     "additive-mask"),
+        _spec.Sample((r(1, 3), r(1, 3), r(1, 2)), dict(causal=True), "length-1"),
+        _spec.Sample((r(2, 4, 8, scale=100.0), r(2, 6, 8), r(2, 6, 8)), {}, "scores-1e4"),
+        _spec.Sample((r(2, 37, 8), r(37, 8), r(37, 8)), dict(causal=True, scale=0.5),
+                     "tile-edges"),
+    ]
+
+
+def _bad(dtype):
+    base = dict(q=np.zeros((2, 4, 4)), k=np.zeros((2, 5, 4)), v=np.zeros((2, 5, 3)))
+    out = []
+    for change, error, match in (
+            (dict(k=np.zeros((2, 5, 3))), ValueError, "head dimensions differ"),
+            (dict(v=np.zeros((2, 6, 4))), ValueError, "key and value lengths differ"),
+            (dict(mask=np.ones((3, 5), bool)), ValueError, "'mask' of shape"),
+            (dict(mask=np.ones((4, 5), np.int32)), TypeError, "'mask' must be bool"),
+            (dict(mask=np.zeros((4, 5), np.float32)), TypeError, "'mask' must be bool"),
+            (dict(q=np.zeros((3, 4, 4))), ValueError, "do not broadcast"),
+            (dict(q=np.zeros(4)), ValueError, "'q' must have at least 2"),
+            (dict(k=np.zeros((2, 5, 4), np.float32)), TypeError, "'q' is float64 but 'k'"),
+            (dict(causal=1), TypeError, "'causal' must be a bool"),
+            (dict(scale=0.0), ValueError, "'scale' must be nonzero")):
+        kw = {**base, **change}
+        out.append(_spec.Bad((kw.pop("q"), kw.pop("k"), kw.pop("v")), kw, error, match))
+    return out
+
+
+def _attention_rule(ctx, grad):
+    return _attention_backward(ctx, grad)
+
+
+SPEC = _spec.OpSpec(
+    "scaled_dot_product_attention", FAMILY, ("forward", "backward", "bool_to_additive"),
+    backward=_attention_rule, reference="test_attention:reference", samples=_samples,
+    bad=_bad, grad=_spec.Grad((0, 1, 2)),
+    tol={_spec.F32: (2e-5, 2e-5), _spec.F64: (1e-11, 1e-12)},
+    bench=(_spec.Bench(
+        "nbops.bench.attention:attention_numpy", "attention", "nbops.bench.attention:setup",
+        reference="nbops.bench.attention:reference",
+        options=dict(flops="nbops.bench.attention:case_flops", dtypes=(_spec.F32,),
+                     tol=(1e-5, 1e-12), baseline_name="numpy (matmul, softmax, matmul)",
+                     pause="nbops.bench.harness:BLAS_PAUSE")),))
 
 #: CPU tiles when tuning is off: 64 queries (two float32 register-tile
 #: widths) by 128 keys. Per thread that is a 32 KiB score block, a
@@ -56,7 +118,7 @@ def _shp(x):
     return tuple(x.shape)
 
 
-@operator("scaled_dot_product_attention")
+@operator(SPEC)
 def scaled_dot_product_attention(q, k, v, mask=None, causal=False, scale=None, out=None):
     """Fused attention ``softmax(q @ k^T * scale + mask) @ v``, as PyTorch's
     ``scaled_dot_product_attention``, without the L x S score matrix.
@@ -311,7 +373,7 @@ def _contiguous(x, shape, dev):
     return x.reshape(shape)
 
 
-def _attention_rule(ctx, grad):
+def _attention_backward(ctx, grad):
     q, k, v, mask, causal, scale = ctx.inputs[:6]
     op = "scaled_dot_product_attention"
     batch, L, S, D, Dv, dev, q, k, v, mask = _check(op, q, k, v, mask, causal, None)
@@ -340,8 +402,6 @@ def _backward_tiles(L, S, D, N, dtype):
     except Exception:  # tuned in another process and forgotten: the default
         return DEFAULT_CONFIG
 
-
-scaled_dot_product_attention.backward = _attention_rule
 
 
 # ---------------------------------------------------------------------------

@@ -32,7 +32,8 @@ __all__ = ["matmul", "bmm", "linear", "ACTIVATIONS", "DEFAULT_CONFIG", "GEMM_CON
            "GEMM_ROUTES", "GemmPlan", "plan_gemm"]
 
 FAMILY = _spec.mirror("linalg")
-_dispatch.register_kernels(FAMILY, ("gemm",))
+# gemm_blas has no CUDA twin: register it on the CPU only, before the specs
+# (whose registration of it would name a CUDA module)
 _dispatch.register_kernels(FAMILY, ("gemm_blas",), (CPU,))
 
 #: Epilogue activations of :func:`linear`, in the kernels' code order
@@ -353,10 +354,141 @@ def _check_pair(op, a, b, out, impl):
 
 
 # ---------------------------------------------------------------------------
+# Declarations (the backward rules, defined below, are looked up when a
+# rule runs)
+
+
+def _bmm_rule(ctx, grad):
+    return _matmul_rule(ctx, grad)[:2] + (None, None)
+
+
+def _pairs(*shapes, impl=None, nan=False):
+    """``samples(dtype)`` of two-operand products, one per shape pair."""
+    def samples(dtype):
+        rng = np.random.default_rng(0)
+        out = []
+        for sa, sb in shapes:
+            a = rng.standard_normal(sa).astype(dtype)
+            b = rng.standard_normal(sb).astype(dtype)
+            out.append(_spec.Sample((a, b), {}, f"{sa}@{sb}"))
+        if impl:
+            a, b = (rng.standard_normal(s).astype(dtype) for s in ((13, 17), (17, 11)))
+            out += [_spec.Sample((a, b), dict(impl=i), i) for i in impl]
+        if nan:
+            a = rng.standard_normal((3, 4)).astype(dtype)
+            a[1, 2] = np.nan
+            out.append(_spec.Sample((a, rng.standard_normal((4, 5)).astype(dtype)), {},
+                                    "nan-row"))
+        return out
+
+    return samples
+
+
+def _linear_samples(dtype):
+    rng = np.random.default_rng(1)
+
+    def r(*shape):
+        return rng.standard_normal(shape).astype(dtype)
+
+    out = [_spec.Sample((r(2, 3, 4), r(5, 4), r(5)), dict(activation="gelu"), "3d-gelu-bias")]
+    for act in (None, "relu", "gelu_tanh", "sigmoid", "tanh", ("leaky_relu", 0.2), "silu",
+                ("swish", 1.5), ("softplus", 2.0, 10.0), ("elu", 0.7), "hardswish",
+                ("hardtanh", -0.5, 0.5)):
+        out.append(_spec.Sample((r(3, 4), r(5, 4), r(5)), dict(activation=act), f"{act}"))
+    out += [_spec.Sample((r(6, 4), r(3, 4)), {}, "no-bias"),
+            _spec.Sample((r(4), r(3, 4), r(3)), {}, "1d-x"),
+            _spec.Sample((r(0, 4), r(3, 4), r(3)), {}, "empty")]
+    return out
+
+
+def _f(*shape, dtype=np.float64):
+    return np.ones(shape, dtype)
+
+
+_MATMUL_BAD = (
+    _spec.Bad((_f(3, 4, dtype=np.float32), _f(4, 2)), {}, TypeError,
+              "'a' is float32 but 'b' is float64"),
+    _spec.Bad((_f(3, 4), _f(3, 2)), {}, ValueError, r"inner dimensions differ.*\(3, 4\)"),
+    _spec.Bad((_f(2, 3, 4), _f(3, 4, 2)), {}, ValueError, "batch axes.*do not broadcast"),
+    _spec.Bad((_f(), _f(3)), {}, ValueError, "0-d"),
+    _spec.Bad((_f(2, 2, dtype=np.int64), _f(2, 2, dtype=np.int64)), {}, TypeError,
+              "'a' must be a float32 or float64"),
+    _spec.Bad(([[1.0]], _f(1, 1)), {}, TypeError, "numpy.ndarray or a device array"),
+    _spec.Bad((_f(2, 2), _f(2, 2)), dict(impl="mkl"), ValueError, "'impl' must be one of"))
+_BMM_BAD = (
+    _spec.Bad((_f(2, 3), _f(3, 2)), {}, ValueError, "must be 3-D"),
+    _spec.Bad((_f(2, 3, 4), _f(1, 4, 2)), {}, ValueError,
+              "batch sizes differ: 'a' has 2, 'b' has 1"),
+    _spec.Bad((_f(2, 3, 4), _f(2, 3, 2)), {}, ValueError, "inner dimensions differ"),
+    _spec.Bad((_f(2, 3, 4), _f(2, 4, 2, dtype=np.float32)), {}, TypeError,
+              "'a' is float64 but 'b' is float32"))
+_X, _W = _f(2, 3), _f(4, 3)
+_LINEAR_BAD = tuple(_spec.Bad(args, kwargs, error, match) for args, kwargs, error, match in (
+    ((_X, _W, _f(3)), {}, ValueError, r"'bias' must have shape \(4,\).*got \(3,\)"),
+    ((_X, _f(4, 5)), {}, ValueError, "'x' has 3 features .* 'weight' expects 5"),
+    ((_X, _f(1, 4, 3)), {}, ValueError, "'weight' must be 2-D"),
+    ((_f(), _W), {}, ValueError, "'x' must have at least 1 dimension"),
+    ((_X, _W, _f(4, dtype=np.float32)), {}, TypeError, "'x' is float64 but 'bias' is float32"),
+    ((_f(2, 3, dtype=np.float32), _W), {}, TypeError, "'x' is float32 but 'weight' is float64"),
+    ((_X, _W), dict(activation="mish"), ValueError, "'activation' must be None, one of"),
+    ((_X, _W), dict(activation=3), ValueError, "'activation' must be None"),
+    ((_X, _W), dict(activation=("elu", 1.0, 2.0)), ValueError, "takes 1 parameter"),
+    ((_X, _W), dict(activation=("softplus", 0.0, 20.0)), ValueError,
+     "softplus beta must be > 0"),
+    ((_X, _W), dict(activation=("leaky_relu", -1.0)), ValueError,
+     "leaky_relu parameter must be >= 0"),
+    ((_X, _W), dict(activation=("elu", "big")), TypeError, "must be a real number"),
+    ((_X, _W), dict(activation=("hardtanh", 2.0, 1.0)), ValueError,
+     r"argument 'activation\[1\]' \(2.0\) must be <= 'activation\[2\]' \(1.0\)"),
+    ((_X, _W), dict(activation=("hardtanh", 0.0, float("nan"))), ValueError,
+     r"argument 'activation\[2\]' must not be NaN"),
+    ((_X, _W, _f(8)[::2]), {}, ValueError, "'bias' must be contiguous")))
+# sums of k products: errors grow with k (at most 17 here)
+_TOL = {_spec.F32: (2e-5, 2e-5), _spec.F64: (1e-12, 1e-12)}
+
+
+def _bench(name, setup="setup_square", baseline=None, kwargs=None, **options):
+    base = dict(out_like="nbops.bench.linalg:square_out", flops="nbops.bench.linalg:flops",
+                tol=(1e-4, 1e-12), baseline_name="numpy (BLAS)",
+                pause="nbops.bench.harness:BLAS_PAUSE")
+    return _spec.Bench(f"nbops.bench.linalg:{baseline or 'matmul_numpy'}", name,
+                       f"nbops.bench.linalg:{setup}", kwargs or {},
+                       options={**base, **options})
+
+
+SPECS = {s.name: s for s in (
+    _spec.OpSpec(
+        "matmul", FAMILY, ("gemm",), backward=lambda ctx, g: _matmul_rule(ctx, g),
+        samples=_pairs(((4, 3), (3, 5)), ((2, 4, 3), (3, 5)), ((3,), (3, 5)), ((4, 3), (3,)),
+                       ((3,), (3,)), ((2, 1, 4, 3), (3, 5)), ((1, 1), (1, 1)),
+                       ((0, 3), (3, 4)), ((3, 0), (0, 4)), ((7, 5), (5, 1)),
+                       impl=("nbops", "blas"), nan=True),
+        bad=lambda dtype: _MATMUL_BAD, grad=_spec.Grad((0, 1)), tol=_TOL,
+        bench=(_bench("matmul"), _bench("matmul_blas_route", kwargs=dict(impl="blas")),
+               _bench("matmul_small_batched", "setup_small",
+                      out_like="nbops.bench.linalg:small_out",
+                      flops="nbops.bench.linalg:small_flops",
+                      baseline_name="numpy (BLAS per product)"))),
+    _spec.OpSpec(
+        "bmm", FAMILY, ("gemm",), backward=_bmm_rule,
+        samples=_pairs(((2, 4, 3), (2, 3, 5)), ((1, 1, 1), (1, 1, 1)), ((3, 0, 2), (3, 2, 4)),
+                       ((2, 3, 0), (2, 0, 2))),
+        bad=lambda dtype: _BMM_BAD, grad=_spec.Grad((0, 1)), tol=_TOL),
+    _spec.OpSpec(
+        "linear", FAMILY, ("gemm",), backward=lambda ctx, g: _linear_rule(ctx, g),
+        samples=_linear_samples, bad=lambda dtype: _LINEAR_BAD, grad=_spec.Grad((0, 1, 2)),
+        tol=_TOL, strided=(0, 1),
+        bench=(_bench("linear_gelu", baseline="linear_gelu_numpy",
+                      kwargs=dict(activation="gelu"), tol=(1e-4, 1e-10),
+                      baseline_name="numpy + scipy erfc"),)),
+)}
+
+
+# ---------------------------------------------------------------------------
 # Public operators
 
 
-@operator("matmul")
+@operator(SPECS["matmul"])
 def matmul(a, b, out=None, impl="auto"):
     """Matrix product with NumPy's ``matmul`` semantics.
 
@@ -423,7 +555,7 @@ def matmul(a, b, out=None, impl="auto"):
     return out
 
 
-@operator("bmm")
+@operator(SPECS["bmm"])
 def bmm(a, b, out=None, impl="auto"):
     """Batched matrix product of two stacks of one batch size (no broadcasting,
     as ``torch.bmm``).
@@ -457,7 +589,7 @@ def bmm(a, b, out=None, impl="auto"):
     return out
 
 
-@operator("linear")
+@operator(SPECS["linear"])
 def linear(x, weight, bias=None, activation=None, out=None, impl="auto"):
     """Fully connected layer ``activation(x @ weight.T + bias)``, fused.
 
@@ -624,9 +756,6 @@ def _linear_rule(ctx, grad):
     return gx, gw, gb, None, None, None
 
 
-matmul.backward = _matmul_rule
-bmm.backward = lambda ctx, grad: _matmul_rule(ctx, grad)[:2] + (None, None)
-linear.backward = _linear_rule
 
 
 # ---------------------------------------------------------------------------

@@ -265,3 +265,28 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
     if eps is None:
         eps = float(np.finfo(np.asarray(x).dtype).eps)
     return _rows_norm(x, normalized_shape, weight, None, eps, False)
+
+
+# --- linear algebra ---------------------------------------------------------
+
+def matmul(a, b, impl="auto"):
+    return np.matmul(_f64(a), _f64(b))
+
+
+def bmm(a, b, impl="auto"):
+    return np.matmul(_f64(a), _f64(b))
+
+
+def linear(x, weight, bias=None, activation=None, impl="auto"):
+    """``activation(x @ weight.T + bias)``; ``activation`` a name or a
+    ``(name, *params)`` tuple, as nbops.linear takes it."""
+    z = _f64(x) @ _f64(weight).T
+    if bias is not None:
+        z = z + _f64(bias)
+    if activation is None:
+        return z
+    name, params = (activation, ()) if isinstance(activation, str) else (
+        activation[0], tuple(activation[1:]))
+    if name == "gelu_tanh":
+        return gelu(z, "tanh")
+    return globals()[name](z, *params)

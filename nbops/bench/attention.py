@@ -23,13 +23,13 @@ import numpy as np
 
 import nbops
 
-from .harness import BLAS_PAUSE, Case, fmt_time, time_interleaved
+from .harness import fmt_time, spec_cases, time_interleaved
 
 B, H, D = 4, 8, 64
 MAX_L = 2048
 
 
-def _setup(n, dtype, rng):
+def setup(n, dtype, rng):
     L = max(16, min(MAX_L, n // (B * H * D)))
     return tuple(rng.standard_normal((B, H, L, D)).astype(dtype) for _ in range(3))
 
@@ -44,7 +44,7 @@ def attention_numpy(q, k, v, out):
     return np.matmul(s, v, out=out)
 
 
-def _reference(q, k, v):
+def reference(q, k, v):
     # one head at a time: float64 scores of every head at once would be large
     out = np.empty(q.shape[:-1] + (v.shape[-1],))
     for i in np.ndindex(q.shape[:-2]):
@@ -52,19 +52,13 @@ def _reference(q, k, v):
     return out
 
 
-def _flops(inputs):
+def case_flops(inputs):
     q, k, v = inputs
     return 2 * int(np.prod(q.shape[:-1])) * k.shape[-2] * (q.shape[-1] + v.shape[-1])
 
 
-CASES = [
-    Case("attention", _setup,
-         lambda q, k, v, out: nbops.scaled_dot_product_attention(q, k, v, out=out),
-         attention_numpy, reference=_reference, flops=_flops,
-         requires=("scaled_dot_product_attention",), dtypes=(np.dtype(np.float32),),
-         tol=(1e-5, 1e-12), baseline_name="numpy (matmul, softmax, matmul)",
-         pause=BLAS_PAUSE),
-]
+# one case per Bench entry of the spec (nbops/attention.py)
+CASES = spec_cases([nbops.attention.SPEC], None)
 
 #: The issue's sequence lengths; the last one is left out by ``--quick``.
 LENGTHS = (512, 1024, 2048, 4096)

@@ -215,7 +215,7 @@ def spec_cases(specs, default_setup):
 
 
 # Case fields that a spec names by "module:attr" (specs hold data, not code)
-_CALLABLE_OPTIONS = ("out_like", "nbytes", "flops")
+_CALLABLE_OPTIONS = ("out_like", "nbytes", "flops", "pause")
 
 
 def _resolve(path):
