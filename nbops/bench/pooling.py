@@ -22,13 +22,16 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 import nbops
 
-from .harness import Case, fmt_time, parallel_copy, time_interleaved
+from .harness import fmt_time, parallel_copy, spec_cases, time_interleaved
 
 CHANNELS, PLANE = 64, (112, 112)
+# the window of the specs' bench entries (nbops/pooling.py), for the baselines
 K, S, P = 3, 2, 1
 
 
-def _planes(n, dtype, rng):
+def setup_planes(n, dtype, rng):
+    """``(x,)``: (N, 64, 112, 112) planes of about ``n`` elements (smaller
+    square planes below one image)."""
     hw = PLANE[0] * PLANE[1]
     if n >= CHANNELS * hw:
         shape = (n // (CHANNELS * hw), CHANNELS) + PLANE
@@ -38,10 +41,14 @@ def _planes(n, dtype, rng):
     return (rng.standard_normal(shape).astype(dtype),)
 
 
-def _out_shape(inputs):
+def out_shape(inputs):
+    """``(shape, dtype)`` of the pooled ``inputs[0]``."""
     x = inputs[0]
     o = [(s + 2 * P - K) // S + 1 for s in x.shape[2:]]
     return (x.shape[0], x.shape[1], *o), x.dtype
+
+
+_out_shape = out_shape  # the name benchmarks/bench_pooling.py uses
 
 
 def _windows(x, fill):
@@ -58,12 +65,8 @@ def avg_pool_numpy(x, out):
     return np.mean(_windows(x, 0), axis=(-2, -1), out=out)
 
 
-CASES = [
-    Case("max_pool2d", _planes, lambda x, out: nbops.max_pool2d(x, K, S, P, out=out),
-         max_pool_numpy, out_like=_out_shape, requires=("max_pool2d",), tol=(0.0, 0.0)),
-    Case("avg_pool2d", _planes, lambda x, out: nbops.avg_pool2d(x, K, S, P, out=out),
-         avg_pool_numpy, out_like=_out_shape, requires=("avg_pool2d",), tol=(1e-6, 1e-14)),
-]
+# one case per Bench entry of the specs (nbops/pooling.py)
+CASES = spec_cases([nbops.get_operator(n).spec for n in ("max_pool2d", "avg_pool2d")], None)
 
 
 # ---------------------------------------------------------------------------
@@ -129,7 +132,7 @@ def compare(names=tuple(OPS), rounds=7, write=print):
     seconds}}`` and writes each side's time, GB/s, fraction of the copy's
     rate and time relative to nbops."""
     x = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32)
-    out = np.empty(_out_shape((x,))[0], np.float32)
+    out = np.empty(out_shape((x,))[0], np.float32)
     copy_out = np.empty_like(x)
     results = {}
     write(f"{'op':<12} {'side':<12} {'median':>9} {'GB/s':>6} {'of copy':>8} {'vs nbops':>9}")
