@@ -34,7 +34,6 @@ from ._dispatch import operator
 __all__ = ["transpose", "permute", "cat", "split", "reshape", "contiguous"]
 
 FAMILY = _spec.mirror("tensor")
-_dispatch.register_kernels(FAMILY, ("strided_copy",))
 _KERNEL = FAMILY.key("strided_copy")
 
 #: Dtypes these operators accept: everything that is a plain number.
@@ -157,14 +156,7 @@ def _c_strides(shape, itemsize):
 
 
 # ---------------------------------------------------------------------------
-# transpose / permute
-
-
-def _permute_into(op, x, perm, out):
-    dev = _dispatch.resolve_device(op, x=x, out=out)
-    shape = tuple(x.shape[p] for p in perm)
-    out = _checks.output(op, out, shape, x.dtype, dev, {"x": x})
-    return _copy(dev, out, x, shape, [x.strides[p] for p in perm])
+# Backward rules
 
 
 def _transpose_rule(ctx, grad):
@@ -179,7 +171,247 @@ def _permute_rule(ctx, grad):
     return permute(grad, _inverse(perm)), None, None
 
 
-@operator("transpose", backward=_transpose_rule)
+def _cat_rule(ctx, grad):
+    arrays, axis = ctx.inputs[0], ctx.kwargs["axis"]
+    ax = axis % arrays[0].ndim
+    return list(split(grad, [a.shape[ax] for a in arrays], ax)), None, None
+
+
+def _split_rule(ctx, *grads):
+    x, axis = ctx.inputs[0], ctx.kwargs["axis"]
+    ax = axis % x.ndim
+    dev = _dispatch.device_of_array(x)
+    pieces = []
+    for g, view in zip(grads, ctx.output):
+        if g is None:
+            g = np.zeros(tuple(view.shape), x.dtype)
+            if dev == _dispatch.CUDA:
+                g = _dispatch.to_device(g)
+        pieces.append(g)
+    return cat(pieces, ax), None, None
+
+
+def _reshape_rule(ctx, grad):
+    return reshape(grad, tuple(ctx.inputs[0].shape)), None
+
+
+def _contiguous_rule(ctx, grad):
+    return (grad,)
+
+
+# ---------------------------------------------------------------------------
+# Declarations: samples are float arrays (the op table runs float32 and
+# float64; every dtype moves alike, see tests/test_tensor.py), the special
+# values as one (2, 11) array; the largest sample of each op that fits the
+# CUDA simulator is square where the op allows it, so that the shared out=
+# checks (layout, read-only, overlap) run on it.
+
+_EXACT = {d: (0.0, 0.0) for d in DTYPES}
+_EDGE = np.array(_spec.EDGE_VALUES).reshape(2, 11)
+
+
+def _one_array_samples(cases, edge):
+    """``samples(dtype)``: an array of each ``shape`` followed by ``args``
+    and ``kwargs`` for each ``(shape, args, kwargs)`` in ``cases``, then the
+    special values with each ``(args, kwargs)`` in ``edge``."""
+    def samples(dtype):
+        rng = np.random.default_rng(0)
+        out = [_spec.Sample((rng.standard_normal(shape).astype(dtype),) + args, dict(kw),
+                            f"{shape}{args}{kw}") for shape, args, kw in cases]
+        out += [_spec.Sample((_EDGE.astype(dtype),) + args, dict(kw), "edge")
+                for args, kw in edge]
+        return out
+
+    return samples
+
+
+_TRANSPOSE_SAMPLES = _one_array_samples(
+    (((), (), {}), ((5,), (), {}), ((0,), (), {}), ((11, 11), (), {}),
+     ((8, 15), ((1, 0),), {}), ((1, 9), (), {}), ((9, 1), (), {}), ((0, 4), (), {}),
+     ((3, 0), ((1, 0),), {}), ((2, 5, 9), ((0, 2, 1),), {}), ((9, 3, 4), ((2, 1, 0),), {}),
+     ((3, 4, 5), ((1, 2, 0),), {}), ((3, 4, 5), ((2, 0, 1),), {}),
+     ((3, 4, 5), ((1, 0, 2),), {}), ((2, 3, 4, 5), ((3, 1, 0, 2),), {}),
+     ((2, 1, 3, 4), ((-1, -2, 0, 1),), {}), ((2, 3, 1, 2, 3), ((4, 0, 3, 1, 2),), {}),
+     ((2, 3, 2, 2, 3), (), {}), ((3, 4), (), dict(axes=[1, 0]))),
+    (((), {}), (((0, 1),), {})))
+_PERMUTE_SAMPLES = _one_array_samples(
+    (((2, 3, 4, 5), ((0, 1, 2, 3),), {}), ((2, 3, 4, 5), ((3, 2, 1, 0),), {}),
+     ((2, 3, 4, 5), ((1, 3, 0, 2),), {}), ((2, 3, 4, 5), ([-1, 0, -2, 1],), {}),
+     ((), ((),), {}), ((0, 3), ((1, 0),), {}), ((5,), ((0,),), {}),
+     ((11, 11), ((1, 0),), {}), ((3, 4, 5), (), dict(dims=(2, 0, 1)))),
+    ((((1, 0),), {}),))
+_RESHAPE_SAMPLES = _one_array_samples(
+    (((2, 3, 4), ((6, 4),), {}), ((2, 3, 4), ((-1,),), {}), ((2, 3, 4), (24,), {}),
+     ((2, 3, 4), ((4, -1, 2),), {}), ((24,), ((2, 1, 3, 1, 4),), {}), ((1,), ((),), {}),
+     ((), ((1, 1),), {}), ((0, 3), ((3, 0),), {}), ((0, 3), ((0,),), {}),
+     ((2, 3), ([3, 2],), {}), ((10, 12), ((4, 30),), {}), ((10, 12), (), dict(shape=(-1,)))),
+    ((((11, 2),), {}),))
+_SPLIT_SAMPLES = _one_array_samples(
+    (((10,), (3,), {}), ((10,), ([2, 0, 8],), {}), ((4, 7), (7, 1), {}), ((4, 7), ([4],), {}),
+     ((3, 4, 5), ([1, 3, 1], -1), {}), ((3, 4, 5), (2,), dict(axis=1)), ((0, 3), (2,), {}),
+     ((6, 2), (1, 0), {}), ((11, 11), ((3, 8),), dict(axis=1))),
+    (((2,), {}), (([5, 6],), dict(axis=1))))
+
+
+def _contiguous_samples(dtype):
+    # C-contiguous inputs come back as they are; views (steps, reversed
+    # axes, transposes, offsets) as C-contiguous copies
+    rng = np.random.default_rng(0)
+
+    def draw(*shape):
+        return rng.standard_normal(shape).astype(dtype)
+
+    arrays = (draw(), draw(0), draw(7), draw(11, 11), draw(12, 10)[::2], draw(10, 12).T,
+              draw(5, 6)[:, ::-1], draw(3, 4, 5)[1:, :, ::2], draw(6, 0)[::2],
+              np.asfortranarray(draw(2, 3, 4)), _EDGE.astype(dtype)[:, ::-2])
+    return [_spec.Sample((a,), {}, f"{a.shape}{a.strides}") for a in arrays]
+
+
+def _cat_samples(dtype):
+    rng = np.random.default_rng(0)
+
+    def draw(*shape):
+        return rng.standard_normal(shape).astype(dtype)
+
+    edge = _EDGE.astype(dtype)
+    cases = (([draw(2, 3), draw(4, 3)], 0),
+             ([draw(3, 4, 5), draw(3, 0, 5), draw(3, 2, 5)], 1),
+             ([draw(3, 4, 5), draw(3, 4, 1), draw(3, 4, 2)], -1),
+             ([draw(2, 3, 4), draw(2, 3, 5)], 2), ([draw(7)], 0),
+             ((draw(0), draw(5), draw(0)), 0),  # a tuple, empty pieces
+             ([draw(0, 3), draw(0, 3)], 1),
+             ([draw(4, 6)[:, ::-2], draw(3, 4).T], 0),  # strided pieces
+             ([edge, edge[:, ::-1]], 1), ([edge, edge], 0))
+    return [_spec.Sample((arrays,), dict(axis=axis),
+                         f"{[tuple(a.shape) for a in arrays]},axis={axis}")
+            for arrays, axis in cases]
+
+
+def _bad(calls):
+    """``bad(dtype)`` from ``calls(x, other) -> [(args, kwargs, error, match)]``
+    on a (2, 3) array ``x`` of ``dtype`` and one of another float dtype."""
+    def bad(dtype):
+        x = np.ones((2, 3), dtype)
+        other = np.ones((2, 3), np.float64 if np.dtype(dtype) == _spec.F32 else np.float32)
+        return [_spec.Bad(*c) for c in calls(x, other)]
+
+    return bad
+
+
+def _not_an_array(x, other):
+    return [(([[1.0, 2.0]],), {}, TypeError, "argument 'x' must be a numpy.ndarray"),
+            ((3.0,), {}, TypeError, "argument 'x' must be a numpy.ndarray"),
+            ((x.astype(object),), {}, TypeError, "argument 'x' must be a bool"),
+            ((x.astype("U1"),), {}, TypeError, "argument 'x' must be a bool")]
+
+
+def _axes_errors(name):
+    def calls(x, other):
+        return [(args + ((0, 1),), {}, error, match)
+                for args, _, error, match in _not_an_array(x, other)] + [
+            ((x, (0, 0)), {}, ValueError, f"argument '{name}' repeats axis 0"),
+            ((x, (0, 2)), {}, ValueError, rf"'{name}\[1\]' is 2, out of range"),
+            ((x, (0, -3)), {}, ValueError, "out of range"),
+            ((x, (0,)), {}, ValueError, "must list all 2 axes"),
+            ((x, 1), {}, TypeError, f"'{name}' must be a sequence of ints"),
+            ((x, (0, 1.0)), {}, TypeError, rf"'{name}\[1\]' must be an int")]
+
+    return calls
+
+
+def _permute_errors(x, other):
+    return _axes_errors("dims")(x, other) + [
+        ((x, None), {}, TypeError, "'dims' must be a sequence of ints, got None")]
+
+
+def _cat_errors(x, other):
+    return [
+        ((x,), {}, TypeError, "'arrays' must be a list or tuple"),
+        (([],), {}, ValueError, "at least one array"),
+        (([x, "a"],), {}, TypeError, r"'arrays\[1\]' must be a numpy.ndarray"),
+        (([x, x.astype(object)],), {}, TypeError, r"'arrays\[1\]' must be a bool"),
+        (([x, x, other],), {}, TypeError,
+         rf"arrays\[2\] is {other.dtype} but arrays\[0\] is {x.dtype}; cast explicitly"),
+        (([x, x[0]],), {}, ValueError, r"arrays\[1\] has 1 dimension\(s\) but arrays\[0\] has 2"),
+        (([x, np.ones((2, 4), x.dtype)],), {}, ValueError,
+         r"arrays\[1\] has shape \(2, 4\).*but axis 0 \(axis 1 differs\)"),
+        (([x, x],), dict(axis=2), ValueError, "'axis' is 2, out of range"),
+        (([x, x],), dict(axis=1.0), TypeError, "'axis' must be an int"),
+        (([np.ones((), x.dtype)],), {}, ValueError, "0-d")]
+
+
+def _split_errors(x, other):
+    return [(args + (2,), {}, error, match) for args, _, error, match in _not_an_array(x, other)
+            ] + [
+        ((x, 0), {}, ValueError, "the number of sections must be >= 1, got 0"),
+        ((x, [1, 2]), {}, ValueError, r"sizes \(1, 2\) add up to 3, but the axis has 2"),
+        ((x, [3, -1]), {}, ValueError, "sizes must be >= 0"),
+        ((x, 1.5), {}, TypeError, "'sizes_or_sections' must be a sequence of ints"),
+        ((x, [1, "a"]), {}, TypeError, r"'sizes_or_sections\[1\]' must be an int"),
+        ((x, True), {}, TypeError, "'sizes_or_sections' must be a sequence"),
+        ((x, 2), dict(axis=-3), ValueError, "'axis' is -3, out of range"),
+        ((x, 2), dict(axis=0.0), TypeError, "'axis' must be an int"),
+        ((np.ones((), x.dtype), 1), {}, ValueError, "'x' is 0-d")]
+
+
+def _reshape_errors(x, other):
+    return [(args + (6,), {}, error, match) for args, _, error, match in _not_an_array(x, other)
+            ] + [
+        ((x, (4, 2)), {}, ValueError, r"\(6 elements\) into shape \(4, 2\) \(8 elements\)"),
+        ((x, (-1, -1)), {}, ValueError, "only one dimension can be -1"),
+        ((x, (-1, 4)), {}, ValueError, "cannot infer the -1"),
+        ((np.ones((0, 2), x.dtype), (0, -1)), {}, ValueError, "cannot infer the -1"),
+        ((x, (-2, -3)), {}, ValueError, "dimensions must be >= 0"),
+        ((x, "6"), {}, TypeError, "'shape' must be a sequence of ints"),
+        ((x, (6.0,)), {}, TypeError, r"'shape\[0\]' must be an int")]
+
+
+def _bench(name, baseline, setup, kwargs=None, **options):
+    return (_spec.Bench(f"nbops.bench.tensor:{baseline}", name, f"nbops.bench.tensor:{setup}",
+                        dict(kwargs or {}),
+                        options=dict(options, requires=(name,), tol=(0.0, 0.0))),)
+
+
+def _tensor_spec(name, kernels, rule, samples, bad, grad=True, out=False, save=("inputs",),
+                 bench=()):
+    return _spec.OpSpec(name, FAMILY, kernels, backward=rule, save=save, dtypes=DTYPES,
+                        reference=f"test_tensor:ref_{name}", samples=samples, bad=_bad(bad),
+                        grad=_spec.Grad((0,)) if grad else None, tol=_EXACT, out=out,
+                        bench=bench)
+
+
+_COPY = ("strided_copy",)
+SPECS = {s.name: s for s in (
+    _tensor_spec("transpose", _COPY, _transpose_rule, _TRANSPOSE_SAMPLES, _axes_errors("axes"),
+                 out=True, bench=_bench("transpose", "copy_transposed", "setup_matrix",
+                                        out_like="nbops.bench.tensor:transposed_like")),
+    _tensor_spec("permute", _COPY, _permute_rule, _PERMUTE_SAMPLES, _permute_errors, out=True),
+    # out= (which cat takes) and the gradient are left to tests/test_tensor.py: the op
+    # table moves and differentiates array arguments, not arrays inside a list
+    _tensor_spec("cat", _COPY, _cat_rule, _cat_samples, _cat_errors, grad=False,
+                 bench=_bench("cat", "concatenate_columns", "setup_halves", dict(axis=1),
+                              out_like="nbops.bench.tensor:concatenated_like",
+                              nbytes="nbops.bench.tensor:listed_nbytes")),
+    _tensor_spec("split", (), _split_rule, _SPLIT_SAMPLES, _split_errors,
+                 save=("inputs", "output")),
+    _tensor_spec("reshape", _COPY, _reshape_rule, _RESHAPE_SAMPLES, _reshape_errors),
+    _tensor_spec("contiguous", _COPY, _contiguous_rule, _contiguous_samples, _not_an_array,
+                 bench=_bench("contiguous", "copy_into", "setup_strided")),
+)}
+
+
+# ---------------------------------------------------------------------------
+# transpose / permute
+
+
+def _permute_into(op, x, perm, out):
+    dev = _dispatch.resolve_device(op, x=x, out=out)
+    shape = tuple(x.shape[p] for p in perm)
+    out = _checks.output(op, out, shape, x.dtype, dev, {"x": x})
+    return _copy(dev, out, x, shape, [x.strides[p] for p in perm])
+
+
+@operator(SPECS["transpose"])
 def transpose(x, axes=None, out=None):
     """Permute the axes of ``x`` into a new C-contiguous array.
 
@@ -226,7 +458,7 @@ def transpose(x, axes=None, out=None):
     return _permute_into("transpose", x, perm, out)
 
 
-@operator("permute", backward=_permute_rule)
+@operator(SPECS["permute"])
 def permute(x, dims, out=None):
     """PyTorch's name for :func:`transpose` with explicit axes: a new
     C-contiguous array whose axis ``i`` is ``x``'s axis ``dims[i]``.
@@ -256,13 +488,7 @@ def permute(x, dims, out=None):
 # cat / split
 
 
-def _cat_rule(ctx, grad):
-    arrays, axis = ctx.inputs[0], ctx.kwargs["axis"]
-    ax = axis % arrays[0].ndim
-    return list(split(grad, [a.shape[ax] for a in arrays], ax)), None, None
-
-
-@operator("cat", backward=_cat_rule)
+@operator(SPECS["cat"])
 def cat(arrays, axis=0, out=None):
     """Concatenate arrays along an existing axis into a new C-contiguous
     array (``np.concatenate``, ``torch.cat``).
@@ -365,21 +591,7 @@ def _slice_view(x, axis, start, size):
     return _layout.strided_view(x, shape, x.strides, start * x.strides[axis] if size else 0)
 
 
-def _split_rule(ctx, *grads):
-    x, axis = ctx.inputs[0], ctx.kwargs["axis"]
-    ax = axis % x.ndim
-    dev = _dispatch.device_of_array(x)
-    pieces = []
-    for g, view in zip(grads, ctx.output):
-        if g is None:
-            g = np.zeros(tuple(view.shape), x.dtype)
-            if dev == _dispatch.CUDA:
-                g = _dispatch.to_device(g)
-        pieces.append(g)
-    return cat(pieces, ax), None, None
-
-
-@operator("split", backward=_split_rule, save=("inputs", "output"))
+@operator(SPECS["split"])
 def split(x, sizes_or_sections, axis=0):
     """Split ``x`` along ``axis`` into a tuple of views.
 
@@ -488,11 +700,7 @@ def view_strides(old_shape, old_strides, new_shape, itemsize):
     return tuple(new_strides) if view_d == -1 else None
 
 
-def _reshape_rule(ctx, grad):
-    return reshape(grad, tuple(ctx.inputs[0].shape)), None
-
-
-@operator("reshape", backward=_reshape_rule)
+@operator(SPECS["reshape"])
 def reshape(x, shape):
     """``x`` with a new shape: a view when ``x``'s strides allow one (always
     for C-contiguous ``x``), otherwise a C-contiguous copy, as
@@ -550,7 +758,7 @@ def _contiguous_copy(x, dev):
     return _copy(dev, out, x, x.shape, x.strides)
 
 
-@operator("contiguous", backward=lambda ctx, grad: (grad,))
+@operator(SPECS["contiguous"])
 def contiguous(x):
     """``x`` itself if it is C-contiguous, else a C-contiguous copy on the
     same device (``torch.Tensor.contiguous``, ``np.ascontiguousarray``).

@@ -13,8 +13,6 @@ from .._dispatch import operator
 __all__ = ["mse_loss", "cross_entropy", "binary_cross_entropy_with_logits"]
 
 FAMILY = _spec.subpackage("nn")
-_dispatch.register_kernels(FAMILY, ("cross_entropy", "cross_entropy_backward",
-                                    "bce_with_logits", "bce_with_logits_backward"))
 
 _REDUCTIONS = ("mean", "sum", "none")
 _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
@@ -45,7 +43,139 @@ def _pair(op, input, target, reduction, input_name="input"):
     return _dispatch.resolve_device(op, **{input_name: input, "target": target}), input, target
 
 
-@operator("mse_loss")
+# ---------------------------------------------------------------------------
+# Backward rules
+
+
+def _mse_rule(ctx, g):
+    input, target = ctx.inputs[:2]
+    d = arith.sub(input, target)
+    up = _upstream(g, ctx.kwargs["reduction"], d.size)
+    gi = arith.mul(arith.mul(d, 2.0, out=d), up)
+    return gi, (arith.neg(gi) if ctx.needs_input_grad[1] else None)
+
+
+def _bce_rule(ctx, g):
+    x, t = ctx.inputs[:2]
+    dev = _dispatch.device_of_array(x)
+    d = _checks.empty(x.shape, x.dtype, dev)
+    FAMILY.kernel("bce_with_logits_backward", dev)(
+        x, t, d, _formulas.params(x.dtype), _formulas.consts(x.dtype))
+    up = _upstream(g, ctx.kwargs["reduction"], d.size)
+    gx = arith.mul(d, up, out=d)
+    return gx, (arith.neg(arith.mul(x, up)) if ctx.needs_input_grad[1] else None)
+
+
+def _ce_rule(ctx, g):
+    x, t = ctx.inputs[:2]
+    dev = _dispatch.device_of_array(x)
+    n = x.shape[0]
+    grow = arith.expand(_upstream(g, ctx.kwargs["reduction"], n), (n,))
+    out = _checks.empty(x.shape, x.dtype, dev)
+    return (FAMILY.kernel("cross_entropy_backward", dev)(x, t, grow, out),)
+
+
+# ---------------------------------------------------------------------------
+# Declarations: every reduction over shapes from 0-d and empty to a few
+# hundred elements, then the special values (reduction "none", so that one
+# NaN does not hide the others); bce's target is a probability, cross
+# entropy's an array of class indices (int64, int32 in the edge sample).
+
+_TOL = {_spec.F32: (1e-5, 1e-6), _spec.F64: (1e-12, 1e-13)}
+_SHAPES = ((), (0,), (1,), (7,), (5, 19), (2, 3, 4))
+# edge values whose squares stay finite in float32 (1e30 squared overflows
+# there, a float64 reference's does not)
+_FINITE_EDGE = np.array([v for v in _spec.EDGE_VALUES if abs(v) <= 1e4])
+
+
+def _pair_samples(target_range):
+    """``samples(dtype)`` of a loss of two same-shape arrays: normal inputs,
+    targets normal or uniform in ``target_range``."""
+    def samples(dtype):
+        rng = np.random.default_rng(0)
+
+        def target(shape):
+            if target_range is None:
+                return np.asarray(rng.standard_normal(shape) * 2, dtype)  # 0-d stays an array
+            return rng.uniform(*target_range, shape).astype(dtype)
+
+        out = [_spec.Sample((np.asarray(rng.standard_normal(shape) * 3, dtype), target(shape)),
+                            dict(reduction=red), f"{shape},{red}")
+               for shape in _SHAPES for red in _REDUCTIONS]
+        e = np.array(_spec.EDGE_VALUES, dtype)
+        out.append(_spec.Sample((e, target(e.shape)), dict(reduction="none"), "edge"))
+        # no NaN or inf: the reduced losses stay finite
+        f = _FINITE_EDGE.astype(dtype)
+        out += [_spec.Sample((f, target(f.shape)), dict(reduction=red), f"finite edge,{red}")
+                for red in ("mean", "sum")]
+        return out
+
+    return samples
+
+
+def _cross_entropy_samples(dtype):
+    rng = np.random.default_rng(0)
+    out = []
+    for n, c in ((1, 1), (4, 5), (6, 3), (3, 40), (0, 3), (2, 300)):
+        logits = (rng.standard_normal((n, c)) * 3).astype(dtype)
+        target = rng.integers(0, c, n)
+        out += [_spec.Sample((logits, target), dict(reduction=red), f"({n}, {c}),{red}")
+                for red in _REDUCTIONS]
+    # large magnitudes (stable only with the row maximum taken out), -inf
+    # scores (a masked class), an int32 target
+    e = np.array([[1e4, -1e4, 0.0], [-1e4, 1e4, 3.0], [-np.inf, 0.0, 1.0], [88.0, -88.0, 1e-30],
+                  [1e30, -1e30, 0.0]], dtype)
+    out.append(_spec.Sample((e, np.array([0, 0, 2, 1, 2], np.int32)), dict(reduction="none"),
+                            "edge"))
+    return out
+
+
+_BAD_REDUCTION = (dict(reduction="avg"), ValueError, "'reduction' must be one of")
+
+
+def _cross_entropy_bad(dtype):
+    x = np.zeros((2, 3), dtype)
+    t = np.array([0, 2])
+    calls = [((x.astype(d), t), {}, TypeError, "argument 'logits' must be a float32 or float64")
+             for d in _spec.NOT_FLOAT]
+    calls += [
+        ((x.tolist(), t), {}, TypeError, "argument 'logits' must be a numpy.ndarray"),
+        ((x, t.tolist()), {}, TypeError, "argument 'target' must be a numpy.ndarray"),
+        ((x, np.array([0.0, 1.0])), {}, TypeError, "argument 'target' must be a int32 or int64"),
+        ((x, np.array([0, 1], np.uint8)), {}, TypeError, "'target' must be a int32 or int64"),
+        ((x, np.array([0, 3])), {}, ValueError, r"target holds class 3, outside \[0, 3\)"),
+        ((x, np.array([-1, 0])), {}, ValueError, r"target holds class -1, outside \[0, 3\)"),
+        ((x, np.array([0])), {}, ValueError, r"expected logits \(N, C\) and target \(N,\)"),
+        ((x, np.array([[0, 1]])), {}, ValueError, r"expected logits \(N, C\) and target"),
+        ((x[0], np.array([0])), {}, ValueError, r"expected logits \(N, C\) and target"),
+        ((np.zeros((2, 0), dtype), t), {}, ValueError, "at least one class"),
+        ((x, t), dict(reduction="avg"), ValueError, "'reduction' must be one of"),
+        ((x, t), dict(reduction=None), ValueError, "'reduction' must be one of")]
+    return [_spec.Bad(*c) for c in calls]
+
+
+def _loss_spec(name, kernels, rule, names, samples, bad=None, wrt=(0, 1)):
+    return _spec.OpSpec(
+        name, FAMILY, kernels, backward=rule, reference=f"test_nn:ref_{name}",
+        samples=samples, bad=bad or _spec.float_only(2, names, (_BAD_REDUCTION,)),
+        grad=_spec.Grad(wrt), tol=_TOL, out=False)
+
+
+SPECS = {s.name: s for s in (
+    _loss_spec("mse_loss", (), _mse_rule, ("input", "target"), _pair_samples(None)),
+    _loss_spec("binary_cross_entropy_with_logits",
+               ("bce_with_logits", "bce_with_logits_backward"), _bce_rule, ("logits", "target"),
+               _pair_samples((0.0, 1.0))),
+    _loss_spec("cross_entropy", ("cross_entropy", "cross_entropy_backward"), _ce_rule,
+               ("logits", "target"), _cross_entropy_samples, _cross_entropy_bad, wrt=(0,)),
+)}
+
+
+# ---------------------------------------------------------------------------
+# Operators
+
+
+@operator(SPECS["mse_loss"])
 def mse_loss(input, target, reduction="mean"):
     """Mean squared error ``(input - target)^2``, reduced.
 
@@ -61,15 +191,7 @@ def mse_loss(input, target, reduction="mean"):
     return _reduce(arith.mul(d, d, out=d), reduction)
 
 
-def _mse_rule(ctx, g):
-    input, target = ctx.inputs[:2]
-    d = arith.sub(input, target)
-    up = _upstream(g, ctx.kwargs["reduction"], d.size)
-    gi = arith.mul(arith.mul(d, 2.0, out=d), up)
-    return gi, (arith.neg(gi) if ctx.needs_input_grad[1] else None)
-
-
-@operator("binary_cross_entropy_with_logits")
+@operator(SPECS["binary_cross_entropy_with_logits"])
 def binary_cross_entropy_with_logits(logits, target, reduction="mean"):
     """Binary cross-entropy of ``sigmoid(logits)`` against ``target`` in [0, 1],
     computed stably as ``max(x, 0) - x t + log(1 + exp(-|x|))``.
@@ -88,18 +210,7 @@ def binary_cross_entropy_with_logits(logits, target, reduction="mean"):
     return _reduce(out, reduction)
 
 
-def _bce_rule(ctx, g):
-    x, t = ctx.inputs[:2]
-    dev = _dispatch.device_of_array(x)
-    d = _checks.empty(x.shape, x.dtype, dev)
-    FAMILY.kernel("bce_with_logits_backward", dev)(
-        x, t, d, _formulas.params(x.dtype), _formulas.consts(x.dtype))
-    up = _upstream(g, ctx.kwargs["reduction"], d.size)
-    gx = arith.mul(d, up, out=d)
-    return gx, (arith.neg(arith.mul(x, up)) if ctx.needs_input_grad[1] else None)
-
-
-@operator("cross_entropy")
+@operator(SPECS["cross_entropy"])
 def cross_entropy(logits, target, reduction="mean"):
     """Cross-entropy of class scores against class indices:
     ``logsumexp(logits[i]) - logits[i, target[i]]`` per sample (a stable
@@ -136,17 +247,3 @@ def cross_entropy(logits, target, reduction="mean"):
     out = _checks.empty((logits.shape[0],), logits.dtype, dev)
     FAMILY.kernel("cross_entropy", dev)(logits, target, out)
     return _reduce(out, reduction)
-
-
-def _ce_rule(ctx, g):
-    x, t = ctx.inputs[:2]
-    dev = _dispatch.device_of_array(x)
-    n = x.shape[0]
-    grow = arith.expand(_upstream(g, ctx.kwargs["reduction"], n), (n,))
-    out = _checks.empty(x.shape, x.dtype, dev)
-    return (FAMILY.kernel("cross_entropy_backward", dev)(x, t, grow, out),)
-
-
-mse_loss.backward = _mse_rule
-binary_cross_entropy_with_logits.backward = _bce_rule
-cross_entropy.backward = _ce_rule
