@@ -4,7 +4,8 @@
 direction is a registered operator: a parallel ``@njit`` kernel for NumPy
 arrays and a ``@cuda.jit`` kernel for device arrays. The forward's backward
 rule calls the gradient operator, so the op joins the autograd tape on both
-devices, and ``gradcheck`` verifies it against finite differences.
+devices; ``nbops.testing.check_op`` runs its declared samples against a NumPy
+reference on each device and ``gradcheck`` verifies the gradient.
 
 Run: ``python examples/custom_op.py`` (the CUDA part runs where a GPU, or
 Numba's simulator via ``NUMBA_ENABLE_CUDASIM=1``, is available).
@@ -14,6 +15,7 @@ import numpy as np
 from numba import cuda, njit, prange
 
 import nbops
+import nbops.testing
 from nbops.autograd import Tensor, gradcheck
 
 
@@ -80,20 +82,30 @@ softsign_grad = nbops.register_op("softsign_grad", cpu=softsign_grad_cpu,
 softsign = nbops.register_op(
     "softsign", cpu=softsign_cpu, cuda=softsign_cuda,
     # one gradient per forward input; ctx.inputs holds the forward's arrays
-    backward=lambda ctx, grad: (softsign_grad(grad, ctx.inputs[0]),))
+    backward=lambda ctx, grad: (softsign_grad(grad, ctx.inputs[0]),),
+    # the declaration nbops.testing checks: sample calls (shapes 0, 1, odd,
+    # 4-D, then NaN/inf/-0.0/huge values) and the gradient
+    samples=nbops.testing.Elementwise(), grad=nbops.testing.Grad())
+
+
+def softsign_reference(x):
+    """The math in float64, what the kernels are checked against."""
+    return x / (1 + np.abs(x))
 
 
 def main():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 5))
-    print("softsign:", np.allclose(softsign(x), x / (1 + np.abs(x))))
-    checked = ["cpu"]
+    print("softsign:", np.allclose(softsign(x), softsign_reference(x)))
+    checked = ["cpu"] + (["cuda"] if nbops.cuda_available() else [])
+    # every sample against the reference on each device, strided inputs,
+    # and the gradient against finite differences
+    nbops.testing.check_op(softsign, softsign_reference, devices=checked)
     assert gradcheck(lambda t: softsign(t) * 3.0, [Tensor(x, requires_grad=True)])
-    if nbops.cuda_available():
+    if "cuda" in checked:
         xd = nbops.to_device(x)
         assert gradcheck(lambda t: softsign(t).sum(axis=0), [Tensor(xd, requires_grad=True)])
-        checked.append("cuda")
-    print("custom_op: gradcheck passed on", ", ".join(checked))
+    print("custom_op: checks and gradcheck passed on", ", ".join(checked))
     return checked
 
 

@@ -308,7 +308,8 @@ def specs():
             if op.__module__.startswith("nbops")}
 
 
-def register_op(name, cpu, cuda=None, backward=None, *, doc=None):
+def register_op(name, cpu, cuda=None, backward=None, *, doc=None, samples=None, bad=None,
+                grad=None, tol=None, out=False, inplace=(), strided=None):
     """Define an operator from your own kernels and call it like a built-in.
 
     Parameters
@@ -323,6 +324,15 @@ def register_op(name, cpu, cuda=None, backward=None, *, doc=None):
         ``backward(ctx, grad_output)`` returning one gradient (or None) per
         positional input; ``ctx.inputs``, ``ctx.output`` and ``ctx.kwargs`` hold
         the forward call. Makes the operator usable with ``nbops.Tensor``.
+    samples, bad, grad, tol, out, inplace, strided : optional
+        The rest of the operator's declaration (:class:`nbops._spec.OpSpec`),
+        which :func:`nbops.testing.check_op` runs against a reference:
+        ``samples(dtype)`` valid calls (``nbops.testing.Elementwise()``, or a
+        function returning ``nbops.testing.Sample`` objects), ``bad(dtype)``
+        invalid calls with their errors (``nbops.testing.Bad``), ``grad`` a
+        ``nbops.testing.Grad``, ``tol``
+        ``{dtype: (rtol, atol)}``, whether the kernels take ``out=`` and
+        which inputs it may be, which inputs may have any strides.
 
     Returns
     -------
@@ -357,7 +367,11 @@ def register_op(name, cpu, cuda=None, backward=None, *, doc=None):
     register_kernel(key, CPU, cpu)
     if cuda is not None:
         register_kernel(key, CUDA, cuda)
-    op = define(_spec.OpSpec(name, None, backward=backward), front)
+    declared = dict(samples=samples, bad=bad, grad=grad, out=out, inplace=inplace,
+                    strided=strided)
+    if tol is not None:
+        declared["tol"] = {np.dtype(k): v for k, v in tol.items()}
+    op = define(_spec.OpSpec(name, None, backward=backward, **declared), front)
     op.__module__ = getattr(cpu, "__module__", "__main__")
     return op
 

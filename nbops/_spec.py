@@ -182,6 +182,27 @@ class OpSpec:
         return self.reference or self.name
 
 
+def arrays_in(args):
+    """The arrays among a call's arguments, those inside list/tuple
+    arguments too (``cat``'s list of arrays)."""
+    out = []
+    for a in args:
+        if isinstance(a, np.ndarray):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out += arrays_in(a)
+    return out
+
+
+def map_arrays(fn, v):
+    """``v`` with ``fn`` applied to each array, inside lists and tuples too."""
+    if isinstance(v, np.ndarray):
+        return fn(v)
+    if isinstance(v, (list, tuple)):
+        return type(v)(map_arrays(fn, a) for a in v)
+    return v
+
+
 # ---------------------------------------------------------------------------
 # Sample builders shared by families
 

@@ -386,12 +386,9 @@ SPECS = {s.name: s for s in (
                  out=True, bench=_bench("transpose", "copy_transposed", "setup_matrix",
                                         out_like="nbops.bench.tensor:transposed_like")),
     _tensor_spec("permute", _COPY, _permute_rule, _PERMUTE_SAMPLES, _permute_errors, out=True),
-    # out= (which cat takes) and the gradient are left to tests/test_tensor.py: the op
-    # table moves and differentiates array arguments, not arrays inside a list
-    _tensor_spec("cat", _COPY, _cat_rule, _cat_samples, _cat_errors, grad=False,
+    _tensor_spec("cat", _COPY, _cat_rule, _cat_samples, _cat_errors, out=True,
                  bench=_bench("cat", "concatenate_columns", "setup_halves", dict(axis=1),
-                              out_like="nbops.bench.tensor:concatenated_like",
-                              nbytes="nbops.bench.tensor:listed_nbytes")),
+                              out_like="nbops.bench.tensor:concatenated_like")),
     _tensor_spec("split", (), _split_rule, _SPLIT_SAMPLES, _split_errors,
                  save=("inputs", "output")),
     _tensor_spec("reshape", _COPY, _reshape_rule, _RESHAPE_SAMPLES, _reshape_errors),

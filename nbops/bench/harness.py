@@ -26,6 +26,8 @@ from typing import Callable, Optional
 import numpy as np
 from numba import prange
 
+from .. import _spec
+
 from .._jit import cpu_kernel
 from ..autotune import WARM_UP
 
@@ -209,7 +211,7 @@ def spec_cases(specs, default_setup):
                        for k, v in b.options.items()}
             out.append(Case(
                 b.name or spec.name, _resolve(b.setup or default_setup(spec)),
-                _call_with(op, b.kwargs), _resolve(b.baseline),
+                _call_with(op, b.kwargs, spec.out), _resolve(b.baseline),
                 _resolve(b.reference) if b.reference else None, **options))
     return out
 
@@ -223,8 +225,11 @@ def _resolve(path):
     return getattr(importlib.import_module(module), attr)
 
 
-def _call_with(op, kwargs):
-    return lambda *inputs, out: op(*inputs, **kwargs, out=out)
+def _call_with(op, kwargs, takes_out=True):
+    if takes_out:
+        return lambda *inputs, out: op(*inputs, **kwargs, out=out)
+    # an op without out= allocates its result: part of what is timed
+    return lambda *inputs, out: op(*inputs, **kwargs)
 
 
 def register(case, family="user"):
@@ -488,12 +493,12 @@ def _out_like(case, inputs):
 def _nbytes(case, inputs, out):
     if case.nbytes is not None:
         return int(case.nbytes(inputs, out))
-    return int(sum(a.nbytes for a in inputs if isinstance(a, np.ndarray)) + out.nbytes)
+    return int(sum(a.nbytes for a in _spec.arrays_in(inputs)) + out.nbytes)
 
 
 def reference(case, inputs):
     """The float64 answer for ``inputs``."""
-    wide = tuple(np.asarray(a, F64) if isinstance(a, np.ndarray) else a for a in inputs)
+    wide = tuple(_spec.map_arrays(lambda a: np.asarray(a, F64), a) for a in inputs)
     if case.reference is not None:
         return case.reference(*wide)
     return case.baseline(*wide, out=_out_like(case, wide))
@@ -527,8 +532,7 @@ def run_case(case, n, dtype, *, device="cpu", rounds=5, pause=0.05, copy_gbps=No
         if device != "cpu":
             import nbops
 
-            nb_inputs = tuple(nbops.to_device(a) if isinstance(a, np.ndarray) else a
-                              for a in inputs)
+            nb_inputs = tuple(_spec.map_arrays(nbops.to_device, a) for a in inputs)
             out_n = nbops.to_device(out_n)
         with np.errstate(all="ignore"):
             y = case.run(*nb_inputs, out=out_n)  # compiles on first use

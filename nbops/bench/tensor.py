@@ -4,7 +4,6 @@ elements arranged as a near-square matrix. The cases are the specs' Bench
 entries (nbops/tensor.py); the setups and NumPy baselines live here.
 """
 
-import dataclasses
 import math
 
 import numpy as np
@@ -45,11 +44,6 @@ def concatenated_like(inputs):
     return (a.shape[0], a.shape[1] + b.shape[1]), a.dtype
 
 
-def listed_nbytes(inputs, out):
-    """Every array of the list read once and ``out`` written once."""
-    return sum(a.nbytes for a in inputs[0]) + out.nbytes
-
-
 def copy_transposed(x, out):
     np.copyto(out, x.T)
     return out
@@ -64,17 +58,6 @@ def copy_into(x, out):
     return out
 
 
-def _cases(name):
-    spec = nbops.get_operator(name).spec
-    cases = spec_cases([spec], None)
-    if spec.out:
-        return cases
-    # contiguous() takes no out= (its allocation is part of what is timed),
-    # while spec_cases calls every operator with out=
-    op = nbops.get_operator(name)
-    return [dataclasses.replace(c, run=lambda *inputs, out, _op=op, _kw=b.kwargs: _op(
-        *inputs, **_kw)) for c, b in zip(cases, spec.bench)]
-
-
 # one case per Bench entry of the specs (nbops/tensor.py)
-CASES = [c for name in ("transpose", "cat", "contiguous") for c in _cases(name)]
+CASES = spec_cases([nbops.get_operator(name).spec for name in ("transpose", "cat", "contiguous")],
+                   None)
