@@ -1,5 +1,5 @@
-"""Benchmark cases of the CSR operators (:mod:`nbops.sparse`) beside
-scipy.sparse and NumPy.
+"""Benchmark cases of the CSR operators (declared in the specs of
+:mod:`nbops.sparse`) beside scipy.sparse and NumPy.
 
 ``CASES`` (for ``python -m nbops bench`` and the demo) build a square
 matrix with ``PER_ROW`` random columns in every row, int32 indices, values
@@ -17,9 +17,9 @@ GB/s of useful traffic against a copy, is ``tools/bench_sparse.py`` (asv:
 
 import numpy as np
 
-import nbops
+import nbops.sparse
 
-from .harness import Case
+from .harness import spec_cases
 
 PER_ROW = 16
 WIDTH = 64
@@ -32,21 +32,23 @@ def _matrix(m, dtype, rng):
     return rng.standard_normal(indices.size).astype(dtype), indices, indptr
 
 
-def _setup_mv(n, dtype, rng):
+# setups return the operators' positional arguments: the CSR arrays, the
+# shape, the dense operands
+def setup_mv(n, dtype, rng):
     m = max(8, n // PER_ROW)
-    return _matrix(m, dtype, rng) + (rng.standard_normal(m).astype(dtype),)
+    return _matrix(m, dtype, rng) + ((m, m), rng.standard_normal(m).astype(dtype))
 
 
-def _setup_mm(n, dtype, rng):
+def setup_mm(n, dtype, rng):
     m = max(8, n // WIDTH)
-    return _matrix(m, dtype, rng) + (rng.standard_normal((m, WIDTH)).astype(dtype),)
+    return _matrix(m, dtype, rng) + ((m, m), rng.standard_normal((m, WIDTH)).astype(dtype))
 
 
-def _setup_sddmm(n, dtype, rng):
+def setup_sddmm(n, dtype, rng):
     m = max(8, n // WIDTH)
     _, indices, indptr = _matrix(m, dtype, rng)
-    return (indices, indptr) + tuple(rng.standard_normal((m, WIDTH)).astype(dtype)
-                                     for _ in range(2))
+    return (indices, indptr, (m, m)) + tuple(rng.standard_normal((m, WIDTH)).astype(dtype)
+                                             for _ in range(2))
 
 
 def _index(a):
@@ -54,62 +56,39 @@ def _index(a):
     return a if a.dtype.kind in "iu" else a.astype(np.int64)
 
 
-def _scipy(data, indices, indptr, cols):
+def _scipy(data, indices, indptr, shape):
     import scipy.sparse as sp
 
-    return sp.csr_array((data, _index(indices), _index(indptr)),
-                        shape=(indptr.shape[0] - 1, cols))
+    return sp.csr_array((data, _index(indices), _index(indptr)), shape=shape)
 
 
-def _shape(indptr, dense):
-    return (indptr.shape[0] - 1, dense.shape[0])
-
-
-def spmv_nbops(data, indices, indptr, x, out):
-    return nbops.sparse.mv_values(data, indices, indptr, _shape(indptr, x), x, out=out)
-
-
-def spmv_scipy(data, indices, indptr, x, out):
-    out[...] = _scipy(data, indices, indptr, x.shape[0]) @ x
+def spmv_scipy(data, indices, indptr, shape, x, out):
+    out[...] = _scipy(data, indices, indptr, shape) @ x
     return out
 
 
-def spmm_nbops(data, indices, indptr, B, out):
-    return nbops.sparse.mm_values(data, indices, indptr, _shape(indptr, B), B, out=out)
-
-
-def spmm_scipy(data, indices, indptr, B, out):
-    out[...] = _scipy(data, indices, indptr, B.shape[0]) @ B
+def spmm_scipy(data, indices, indptr, shape, B, out):
+    out[...] = _scipy(data, indices, indptr, shape) @ B
     return out
 
 
-def sddmm_nbops(indices, indptr, X, Y, out):
-    return nbops.sparse.sddmm_values(indices, indptr, _shape(indptr, Y), X, Y, out=out)
-
-
-def sddmm_numpy(indices, indptr, X, Y, out):
+def sddmm_numpy(indices, indptr, shape, X, Y, out):
     indices, indptr = _index(indices), _index(indptr)
     rows = np.repeat(np.arange(indptr.shape[0] - 1), np.diff(indptr))
     return np.einsum("ij,ij->i", X[rows], Y[indices], out=out)
 
 
-def _rows_out(inputs):
-    return (inputs[2].shape[0] - 1,) + inputs[3].shape[1:], inputs[3].dtype
+def rows_out(inputs):
+    return (inputs[3][0],) + inputs[4].shape[1:], inputs[4].dtype
 
 
-def _sddmm_out(inputs):
-    return (inputs[0].shape[0],), inputs[2].dtype
+def sddmm_out(inputs):
+    return (inputs[0].shape[0],), inputs[3].dtype
 
 
-def _product_flops(inputs):
+def product_flops(inputs):
     return 2 * inputs[0].shape[0] * WIDTH
 
 
-CASES = [
-    Case("sparse_mv", _setup_mv, spmv_nbops, spmv_scipy, out_like=_rows_out,
-         baseline_name="scipy.sparse", tol=(1e-5, 1e-12)),
-    Case("sparse_mm", _setup_mm, spmm_nbops, spmm_scipy, out_like=_rows_out,
-         flops=_product_flops, baseline_name="scipy.sparse", tol=(1e-5, 1e-12)),
-    Case("sparse_sddmm", _setup_sddmm, sddmm_nbops, sddmm_numpy, out_like=_sddmm_out,
-         flops=_product_flops, baseline_name="numpy gather + dot", tol=(1e-5, 1e-12)),
-]
+# one case per Bench entry of the specs (nbops/sparse/__init__.py)
+CASES = spec_cases(nbops.sparse.SPECS.values(), None)

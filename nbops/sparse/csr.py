@@ -33,10 +33,11 @@ def _host(x):
 
 
 FAMILY = _spec.subpackage("sparse")
+# the kernels of the structure operations and matrix-level functions; those
+# of the value-level operators are registered from their specs (nbops.sparse)
 _dispatch.register_kernels(FAMILY, (
-    "spmv", "spmm", "sddmm", "row_softmax", "row_softmax_backward", "scale", "to_dense",
-    "gather", "scatter", "add", "expand_rows", "counting_sort", "canonicalize",
-    "is_canonical", "row_lengths", "check_structure", "from_dense", "inv_sqrt", "dequantize"))
+    "to_dense", "add", "expand_rows", "counting_sort", "canonicalize", "is_canonical",
+    "row_lengths", "check_structure", "from_dense", "inv_sqrt", "dequantize"))
 
 
 def _kernel(name, device):
