@@ -21,7 +21,7 @@ import numpy as np
 
 import nbops
 
-from .harness import BLAS_PAUSE, Case, fmt_time, time_interleaved
+from .harness import fmt_time, spec_cases, time_interleaved
 
 EPS = 1e-5
 
@@ -82,7 +82,9 @@ def conv_bn_relu_numpy(x, w, mean, var, gamma, beta, stride, padding, out, group
 
 
 # ---------------------------------------------------------------------------
-# Harness cases (python -m nbops bench, asv): sizes from the element count
+# Harness cases (python -m nbops bench, asv): sizes from the element count;
+# the cases are the Bench entries of conv2d's spec (nbops/conv.py), which
+# name the setups, baselines and options below
 
 
 def _side(n, c):
@@ -98,39 +100,40 @@ def _setup_dense(k):
     return setup
 
 
-def _setup_dw(n, dtype, rng):
+setup_3x3 = _setup_dense(3)
+setup_1x1 = _setup_dense(1)
+
+
+def setup_depthwise(n, dtype, rng):
     s = _side(n, 32)
     return (rng.standard_normal((1, 32, s, s)).astype(dtype),
             rng.standard_normal((32, 1, 3, 3)).astype(dtype))
 
 
-def _out_like(inputs):
+def conv2d_3x3_numpy(x, w, out):
+    return conv2d_numpy(x, w, 1, 1, 1, out)
+
+
+def conv2d_1x1_numpy(x, w, out):
+    return conv2d_numpy(x, w, 1, 0, 1, out)
+
+
+def conv2d_depthwise_numpy(x, w, out):
+    return conv2d_numpy(x, w, 1, 1, 32, out)
+
+
+def out_like(inputs):
     x, w = inputs
     return (x.shape[0], w.shape[0], x.shape[2], x.shape[3]), x.dtype
 
 
-def _flops(inputs):
+def flops(inputs):
     x, w = inputs
     return 2 * x.shape[0] * x.shape[2] * x.shape[3] * w.size
 
 
-CASES = [
-    Case("conv2d_3x3", _setup_dense(3),
-         lambda x, w, out: nbops.conv2d(x, w, padding=1, out=out),
-         lambda x, w, out: conv2d_numpy(x, w, 1, 1, 1, out), out_like=_out_like,
-         flops=_flops, requires=("conv2d",), tol=(1e-4, 1e-12),
-         baseline_name="numpy im2col + BLAS", pause=BLAS_PAUSE),
-    Case("conv2d_1x1", _setup_dense(1),
-         lambda x, w, out: nbops.conv2d(x, w, out=out),
-         lambda x, w, out: conv2d_numpy(x, w, 1, 0, 1, out), out_like=_out_like,
-         flops=_flops, requires=("conv2d",), tol=(1e-4, 1e-12),
-         baseline_name="numpy im2col + BLAS", pause=BLAS_PAUSE),
-    Case("conv2d_depthwise_3x3", _setup_dw,
-         lambda x, w, out: nbops.conv2d(x, w, padding=1, groups=32, out=out),
-         lambda x, w, out: conv2d_numpy(x, w, 1, 1, 32, out), out_like=_out_like,
-         flops=_flops, requires=("conv2d",), tol=(1e-4, 1e-12),
-         baseline_name="numpy einsum"),
-]
+# one case per Bench entry of the specs: conv2d_3x3, conv2d_1x1, conv2d_depthwise_3x3
+CASES = spec_cases(nbops.conv.SPECS.values(), None)
 
 
 # ---------------------------------------------------------------------------
