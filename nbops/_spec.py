@@ -158,6 +158,9 @@ class OpSpec:
         inputs ``out`` may be.
     strided : tuple, optional
         The positional inputs that may have any strides (default: every one).
+    exempt : str
+        Why the op table cannot run this operator's samples (a random
+        result, say), where it declares none: its family's tests must.
     bench : tuple of Bench
     """
 
@@ -175,6 +178,7 @@ class OpSpec:
     out: bool = True
     inplace: tuple = ()
     strided: Optional[tuple] = None
+    exempt: str = ""
     bench: tuple = ()
 
     @property
