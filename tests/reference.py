@@ -197,8 +197,8 @@ def sum_to(x, shape):
 def softmax(x, axis=-1, log=False):
     """exp(x - max) / sum, or its log (``log``), in float64."""
     x = _f64(x)
-    if x.ndim == 0:
-        return np.zeros(()) if log else np.ones(())
+    if x.ndim == 0:  # one element: the formula along its only "axis"
+        return softmax(x.reshape(1), 0, log).reshape(())
     m = np.max(x, axis=axis, keepdims=True) if x.size else x
     with np.errstate(invalid="ignore"):
         z = x - m
