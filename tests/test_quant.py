@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import nbops
 from nbops import quant as Q
+from nbops import testing as checks
 from nbops.pooling import _out_size
 from nbops.quant import observers as O
 from nbops.quant._requant import quantize_multiplier
@@ -36,6 +37,20 @@ def onnx_quantize(x, scale, zp, dtype, axis=None):
         v = np.rint(x / s) + z
         v = np.where(np.isnan(v), z, v)  # nbops' documented choice for NaN
     return np.clip(v, *RANGES[dtype]).astype(dtype)
+
+
+def ref_dequantize(q, dtype=np.float32):
+    """ONNX DequantizeLinear in float64, the op table's reference:
+    ``(q - zero_point) * scale`` with the scale as the op applies it (cast
+    to ``dtype``; per-channel scales are float32). The product is exact in
+    float64 for float32, rounded once as the op's for float64."""
+    v = np.asarray(q.values, np.float64)
+    if q.axis is None:
+        return np.asarray((v - q.zero_point) * np.float64(np.dtype(dtype).type(q.scale)))
+    shape = [1] * q.ndim
+    shape[q.axis] = -1
+    scale = q.scale.astype(dtype).astype(np.float64).reshape(shape)
+    return (v - q.zero_point.reshape(shape)) * scale
 
 
 def special_values(dtype):
@@ -210,34 +225,6 @@ def test_round_trips(seed, scale, qdtype, n):
     x = rng.uniform((qmin - zp) * scale, (qmax - zp) * scale, n).astype(np.float32)
     err = np.abs(Q.quantize_per_tensor(x, scale, zp, qdtype).dequantize() - x)
     assert err.max() <= 0.5 * scale * (1 + 1e-5) + 1e-6 * np.abs(x).max()
-
-
-@pytest.mark.parametrize("call, err, match", [
-    (lambda: Q.quantize_per_tensor(np.zeros(3, np.int8), 1.0, 0, np.int8), TypeError,
-     "float32 or float64 array, got int8"),
-    (lambda: Q.quantize_per_tensor(Q.QTensor(np.zeros(3, np.int8), 1.0, 0), 1.0, 0, np.int8),
-     TypeError, "already a QTensor"),
-    (lambda: Q.quantize_per_tensor(np.zeros(3), 1.0, 0, np.int16), TypeError,
-     "int8 or numpy.uint8"),
-    (lambda: Q.quantize_per_tensor(np.zeros(3), 1.0, 0, None), TypeError, "'dtype'"),
-    (lambda: Q.quantize_per_tensor(np.zeros(3), 0.0, 0, np.int8), ValueError, "'scale'"),
-    (lambda: Q.quantize_per_tensor(np.zeros(3), 1.0, 300, np.uint8), ValueError, "got 300"),
-    (lambda: Q.quantize_per_tensor(np.zeros(3), 1.0, 0, np.int8, out=np.empty(3, np.uint8)),
-     TypeError, "'out' must be int8"),
-    (lambda: Q.quantize_per_channel(np.zeros((2, 3)), [1.0], [0], 0, np.int8), ValueError,
-     r"shape \(2,\)"),
-    (lambda: Q.quantize_per_channel(np.zeros((2, 3)), [1.0, 1.0], [0, 0], 2, np.int8),
-     ValueError, "out of range"),
-    (lambda: Q.quantize_per_channel(np.zeros(()), [1.0], [0], 0, np.int8), ValueError,
-     "at least one dimension"),
-    (lambda: Q.dequantize(np.zeros(3, np.float32)), TypeError, "must be a QTensor.*quantize"),
-    (lambda: Q.dequantize(np.zeros(3, np.int8)), TypeError, "wrap raw integers"),
-    (lambda: Q.dequantize(Q.QTensor(np.zeros(3, np.int8), 1.0, 0), np.int32), TypeError,
-     "float32 or float64"),
-])
-def test_quantize_errors(call, err, match):
-    with pytest.raises(err, match=match):
-        call()
 
 
 # ---------------------------------------------------------------------------
@@ -505,26 +492,6 @@ def test_add_relu_and_relu_on_device(device):
     np.testing.assert_array_equal(host(r.values), np.maximum(ha.values, ha.zero_point))
 
 
-@pytest.mark.parametrize("call, err, match", [
-    (lambda a, b: Q.add(a, b.dequantize(), 0.1, 0), TypeError, "'qb' must be a QTensor"),
-    (lambda a, b: Q.add(a.values, b, 0.1, 0), TypeError, "'qa' must be a QTensor"),
-    (lambda a, b: Q.add(a, Q.QTensor(b.values.view(np.uint8), 0.1, 0), 0.1, 0), TypeError,
-     "int8 but 'qb' is uint8"),
-    (lambda a, b: Q.add(a, Q.QTensor(b.values[:2], 0.1, 0), 0.1, 0), ValueError,
-     "one shape"),
-    (lambda a, b: Q.add(a, b, 0.0, 0), ValueError, "'scale' must be positive"),
-    (lambda a, b: Q.add(a, b, 0.1, 128), ValueError, "'zero_point'"),
-    (lambda a, b: Q.add(a, b, 0.1, 0, requant="double"), ValueError, "'requant'"),
-    (lambda a, b: Q.add_relu(Q.QTensor(a.values.reshape(3, 1), [1.0, 1, 1], [0, 0, 0], 0),
-                             b, 0.1, 0), ValueError, "per channel"),
-    (lambda a, b: Q.relu(np.zeros(3, np.float32)), TypeError, "quantize_per_tensor"),
-])
-def test_add_errors(call, err, match):
-    a = Q.QTensor(np.zeros(3, np.int8), 0.1, 0)
-    with pytest.raises(err, match=match):
-        call(a, a)
-
-
 # ---------------------------------------------------------------------------
 # Pooling
 
@@ -607,28 +574,11 @@ def test_adaptive_avg_pool2d(device, output_size):
     assert np.abs(host(g.dequantize(np.float64)) - mean).max() <= 0.05 * 0.5 + 1e-12
 
 
-@pytest.mark.parametrize("call, err, match", [
-    (lambda q: Q.max_pool2d(Q.QTensor(np.zeros((2, 4, 4), np.int8), 1.0, 0), 2), ValueError,
-     "4-D"),
-    (lambda q: Q.max_pool2d(q, 0), ValueError, "'kernel_size' must be >= 1"),
-    (lambda q: Q.max_pool2d(q, 2.0), TypeError, "'kernel_size'"),
-    (lambda q: Q.max_pool2d(q, 2, padding=2), ValueError, "half the kernel"),
-    (lambda q: Q.max_pool2d(q, 5), ValueError, "does not fit"),
-    (lambda q: Q.max_pool2d(q.dequantize(), 2), TypeError, "must be a QTensor"),
-    (lambda q: Q.adaptive_avg_pool2d(q, 0), ValueError, "'output_size' must be >= 1"),
-    (lambda q: Q.adaptive_avg_pool2d(q, (1, 2, 3)), ValueError, "tuple of 2 ints"),
-    (lambda q: Q.adaptive_avg_pool2d(q, 1, requant="round"), ValueError, "'requant'"),
-    (lambda q: Q.global_avg_pool2d(q, scale=-1.0), ValueError, "'scale'"),
-    (lambda q: Q.global_avg_pool2d(Q.QTensor(np.zeros((1, 1, 0, 2), np.int8), 1.0, 0)),
-     ValueError, "nothing to average"),
-    # 2**23 elements of 8 bits could overflow the int32 sum: refused before any kernel runs
-    (lambda q: Q.global_avg_pool2d(Q.QTensor(np.zeros((1, 1, 2048, 4096), np.uint8), 1.0, 0)),
-     ValueError, "overflow the int32 sum"),
-])
-def test_pool_errors(call, err, match):
-    q = Q.QTensor(np.zeros((1, 2, 4, 4), np.int8), 0.1, 0)
-    with pytest.raises(err, match=match):
-        call(q)
+@pytest.mark.parametrize("name", [n for n, s in Q.SPECS.items() if s.samples is None])
+def test_bad_inputs_of_operators_without_samples(name, device):
+    # the op table runs a spec's bad inputs only where it has samples, and
+    # these operators return QTensors, which its checks cannot compare
+    checks.check_bad_inputs(name, device)
 
 
 def test_operators_are_documented():

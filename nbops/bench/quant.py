@@ -13,13 +13,14 @@ does) and cached here by the weight array's identity. Results are compared
 with the exact integer product (dequantized with scale 1 for linear/conv).
 """
 
+import importlib
 import math
 
 import numpy as np
 
 import nbops
 
-from .harness import Case
+from .harness import Case, spec_cases
 
 F32 = np.dtype(np.float32)
 
@@ -41,8 +42,7 @@ _PACKED = {}
 
 
 def _q():
-    import importlib
-
+    # the module: nbops.quant.linear is the function of that name
     return importlib.import_module("nbops.quant.linear")
 
 
@@ -79,12 +79,18 @@ def _square(n, dtype, rng):
     return _draw(rng, (side, side), (side, side))
 
 
-def _gemm_out(inputs):
+def square_ints(n, dtype, rng):
+    """The uint8 A and int8 B of :func:`_square` (matmul_integer's own
+    arguments, without the float copies)."""
+    return _square(n, dtype, rng)[:2]
+
+
+def gemm_out(inputs):
     a, b = inputs[0], inputs[1]
     return (a.shape[0], b.shape[1]), np.int32
 
 
-def _gemm_ops(inputs):
+def gemm_ops(inputs):
     a, b = inputs[0], inputs[1]
     return 2 * a.shape[0] * a.shape[1] * b.shape[1]
 
@@ -93,7 +99,8 @@ def _mi(a, b, af, bf, out):
     return _q().matmul_integer(a, b, out=out)
 
 
-def _numpy_int32(a, b, af, bf, out):
+def numpy_int32(a, b, *floats, out):
+    # the float copies (inputs of the vs-float32 cases) are not read
     return np.matmul(a.astype(np.int32), b.astype(np.int32), out=out)
 
 
@@ -146,7 +153,7 @@ def _conv_case(name, batch, c, oc, hgt, ksz, stride, pad):
                 requires=("conv2d",), baseline_name="nbops float32 conv2d", **_COMMON)
 
 
-def _ref_gemm(a, b, af, bf):
+def ref_gemm(a, b, *floats):
     return a @ b
 
 
@@ -156,18 +163,20 @@ def _ref_linear(x, w, xf, wf):
 
 _COMMON = dict(dtypes=(F32,), tol=(1e-6, 1e-6))
 
-CASES = [
-    Case("quant_matmul_integer", _square, _mi, _numpy_int32, reference=_ref_gemm,
-         out_like=_gemm_out, flops=_gemm_ops, baseline_name="numpy int32 matmul", **_COMMON),
-    Case("quant_matmul_integer_vs_f32", _square, _mi, _f32_gemm, reference=_ref_gemm,
-         out_like=_gemm_out, flops=_gemm_ops, requires=("matmul",),
+# quant_matmul_integer comes from its spec (nbops/quant/linear.py); the
+# cases below are plain: they time the int8 ops against nbops' float32 ones
+# (float copies among the inputs) or layers on QTensors with a packed weight,
+# not one operator on its own arguments
+CASES = spec_cases([_q().SPECS["quant.matmul_integer"]], None) + [
+    Case("quant_matmul_integer_vs_f32", _square, _mi, _f32_gemm, reference=ref_gemm,
+         out_like=gemm_out, flops=gemm_ops, requires=("matmul",),
          baseline_name="nbops float32 matmul", **_COMMON),
 ]
 for _b, _k, _n in LINEAR_SHAPES:
     # matmul_integer at the linear layers' shapes (B raw, packed per call)
     CASES.append(
         Case(f"quant_matmul_integer_b{_b}_vs_f32", _fixed((_b, _k), (_k, _n)), _mi, _f32_gemm,
-             reference=_ref_gemm, out_like=_gemm_out, flops=_gemm_ops, requires=("matmul",),
+             reference=ref_gemm, out_like=gemm_out, flops=gemm_ops, requires=("matmul",),
              baseline_name="nbops float32 matmul", **_COMMON))
     CASES += [
         Case(f"quant_linear_b{_b}", _fixed((_b, _k), (_n, _k)), _int8_linear, _f32_linear,

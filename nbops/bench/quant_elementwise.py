@@ -102,6 +102,9 @@ def _add_ref(a, b):
 _ADD_OUT = dict(out_like=lambda inputs: (inputs[0].shape, np.uint8), dtypes=(F32,),
                 reference=_add_ref, baseline_name="numpy float formula")
 
+# Plain cases, not the specs' Bench entries: each wraps raw integers in
+# QTensors or times the op with its result's values taken (the harness
+# compares arrays), not one operator called on its own arguments.
 CASES = [
     Case("quantize_per_tensor", _x, _quantize, _quantize_numpy, reference=_quantize_ref,
          out_like=lambda inputs: (inputs[0].shape, np.uint8), dtypes=(F32,), tol=(0.0, 0.0),

@@ -56,8 +56,6 @@ __all__ = [
 ]
 
 FAMILY = _spec.subpackage("quant")
-_dispatch.register_kernels(FAMILY, ("quantize", "dequantize", "add", "relu", "max_pool2d",
-                                    "adaptive_avg_pool2d"))
 
 #: Values of the ``requant=`` argument.
 REQUANT_MODES = ("fixed", "float")
@@ -67,10 +65,175 @@ _QDTYPES = tuple(QTYPES)
 
 
 # ---------------------------------------------------------------------------
+# Declarations
+#
+# The op table compares results as float arrays, so only dequantize (a
+# QTensor in, a float array out) has samples; the operators that return
+# QTensors declare their bad inputs, which tests/test_quant.py runs through
+# nbops.testing.check_bad_inputs.
+
+
+def _dequantize_samples(dtype):
+    """Per-tensor int8/uint8 of every rank (empty and 0-d too), per channel
+    along the first and last axis, and the extremes: both ends of the range
+    against a zero point at the other end, scales that overflow float32 and
+    tiny ones."""
+    rng = np.random.default_rng(0)
+
+    def q(shape, qdtype, scale, zero_point, axis=None):
+        lo, hi = QTYPES[np.dtype(qdtype)]
+        values = np.asarray(rng.integers(lo, hi + 1, shape), qdtype)  # 0-d stays an array
+        return QTensor(values, scale, zero_point, axis)
+
+    cases = [(q((0,), np.int8, 0.5, 0), "empty"), (q((), np.uint8, 0.1, 128), "0-d"),
+             (q((1,), np.int8, 0.25, -3), "(1,)"), (q((97,), np.int8, 0.037, -5), "(97,)"),
+             (q((5, 19), np.uint8, 3.7, 255), "(5, 19)"),
+             (q((2, 3, 4, 5), np.int8, 1e-3, 127), "(2, 3, 4, 5)"),
+             (q((4, 6), np.uint8, rng.uniform(0.01, 2, 4), [0, 1, 128, 255], axis=0),
+              "per-channel-axis0"),
+             (q((2, 3, 5), np.int8, [0.02, 0.05, 0.1, 3.0, 1e-4], [-128, 0, 5, 127, -7],
+                axis=-1), "per-channel-last"),
+             (q((3, 0), np.int8, [1.0, 2.0, 3.0], [0, 1, 2], axis=0), "per-channel-empty"),
+             (QTensor(np.array([-128, 127, 0, -1], np.int8), 1e37, 127), "overflow"),
+             (QTensor(np.array([0, 255, 1, 254], np.uint8), 1e-30, 0), "tiny"),
+             (QTensor(np.array([0, 255, 128], np.uint8), [1e37, 1e-30, 0.5], [255, 0, 128],
+                      axis=0), "per-channel-extremes")]
+    return [_spec.Sample((x,), dict(dtype=dtype), label) for x, label in cases]
+
+
+def _qt(shape=(3,), dtype=np.int8, scale=0.1, zero_point=0, axis=None):
+    return QTensor(np.zeros(shape, dtype), scale, zero_point, axis)
+
+
+def _lazy_bad(make):
+    """``bad(dtype)`` of the ``(args, kwargs, error, match)`` calls that
+    ``make()`` gives, built only when the tests ask (one holds 8 MB)."""
+    def bad(dtype):
+        return [_spec.Bad(*c) for c in make()]
+    return bad
+
+
+def _quantize_per_tensor_bad():
+    x = np.zeros(3)
+    return [
+        ((np.zeros(3, np.int8), 1.0, 0, np.int8), {}, TypeError,
+         "float32 or float64 array, got int8"),
+        ((_qt(), 1.0, 0, np.int8), {}, TypeError, "already a QTensor"),
+        ((x, 1.0, 0, np.int16), {}, TypeError, "int8 or numpy.uint8"),
+        ((x, 1.0, 0, None), {}, TypeError, "'dtype'"),
+        ((x, 0.0, 0, np.int8), {}, ValueError, "'scale'"),
+        ((x, 1.0, 300, np.uint8), {}, ValueError, "got 300"),
+        ((x, 1.0, 0, np.int8), dict(out=np.empty(3, np.uint8)), TypeError,
+         "'out' must be int8")]
+
+
+def _quantize_per_channel_bad():
+    x = np.zeros((2, 3))
+    return [
+        ((x, [1.0], [0], 0, np.int8), {}, ValueError, r"shape \(2,\)"),
+        ((x, [1.0, 1.0], [0, 0], 2, np.int8), {}, ValueError, "out of range"),
+        ((np.zeros(()), [1.0], [0], 0, np.int8), {}, ValueError, "at least one dimension"),
+        ((x, [1.0, -1.0], [0, 0], 0, np.int8), {}, ValueError, "channel 1"),
+        ((np.zeros((2, 3), np.int8), [1.0, 1.0], [0, 0], 0, np.int8), {}, TypeError,
+         "float32 or float64 array")]
+
+
+def _dequantize_bad():
+    return [
+        ((np.zeros(3, np.float32),), {}, TypeError, "must be a QTensor.*quantize"),
+        ((np.zeros(3, np.int8),), {}, TypeError, "wrap raw integers"),
+        ((_qt(), np.int32), {}, TypeError, "float32 or float64"),
+        ((_qt(), "float16"), {}, TypeError, "float32 or float64")]
+
+
+def _add_bad():
+    a = _qt()
+    return [
+        ((a, a.dequantize(), 0.1, 0), {}, TypeError, "'qb' must be a QTensor"),
+        ((a.values, a, 0.1, 0), {}, TypeError, "'qa' must be a QTensor"),
+        ((a, QTensor(a.values.view(np.uint8), 0.1, 0), 0.1, 0), {}, TypeError,
+         "int8 but 'qb' is uint8"),
+        ((a, QTensor(a.values[:2], 0.1, 0), 0.1, 0), {}, ValueError, "one shape"),
+        ((a, a, 0.0, 0), {}, ValueError, "'scale' must be positive"),
+        ((a, a, 0.1, 128), {}, ValueError, "'zero_point'"),
+        ((a, a, 0.1, 0), dict(requant="double"), ValueError, "'requant'"),
+        ((_qt((3, 1), np.int8, [1.0, 1, 1], [0, 0, 0], 0), a, 0.1, 0), {}, ValueError,
+         "per channel")]
+
+
+def _relu_bad():
+    return [((np.zeros(3, np.float32),), {}, TypeError, "quantize_per_tensor"),
+            ((np.zeros(3, np.int8),), {}, TypeError, "wrap raw integers"),
+            ((_qt((3, 1), np.int8, [1.0, 1, 1], [0, 0, 0], 0),), {}, ValueError,
+             "per channel")]
+
+
+def _pool_input():
+    return _qt((1, 2, 4, 4))
+
+
+def _max_pool2d_bad():
+    q = _pool_input()
+    return [
+        ((_qt((2, 4, 4)), 2), {}, ValueError, "4-D"),
+        ((q, 0), {}, ValueError, "'kernel_size' must be >= 1"),
+        ((q, 2.0), {}, TypeError, "'kernel_size'"),
+        ((q, 2), dict(padding=2), ValueError, "half the kernel"),
+        ((q, 5), {}, ValueError, "does not fit"),
+        ((q.dequantize(), 2), {}, TypeError, "must be a QTensor")]
+
+
+def _adaptive_avg_pool2d_bad():
+    q = _pool_input()
+    return [
+        ((q, 0), {}, ValueError, "'output_size' must be >= 1"),
+        ((q, (1, 2, 3)), {}, ValueError, "tuple of 2 ints"),
+        ((q, 1), dict(requant="round"), ValueError, "'requant'"),
+        ((_qt((2, 4, 4)), 1), {}, ValueError, "4-D"),
+        ((_qt((1, 1, 0, 2)), 1), {}, ValueError, "nothing to average")]
+
+
+def _global_avg_pool2d_bad():
+    return [
+        ((_pool_input(),), dict(scale=-1.0), ValueError, "'scale'"),
+        ((_pool_input(),), dict(zero_point=200), ValueError, "'zero_point'"),
+        ((_qt((1, 1, 0, 2)),), {}, ValueError, "nothing to average"),
+        # 2**23 elements of 8 bits could overflow the int32 sum: refused
+        # before any kernel runs
+        ((_qt((1, 1, 2048, 4096), np.uint8),), {}, ValueError, "overflow the int32 sum")]
+
+
+def _quant_spec(name, kernels, bad, **fields):
+    return _spec.OpSpec(f"quant.{name}", FAMILY, kernels, bad=_lazy_bad(bad), **fields)
+
+
+# out= (where taken) receives a QTensor's values; the out= checks compare float arrays
+SPECS = {s.name: s for s in (
+    _quant_spec("quantize_per_tensor", ("quantize",), _quantize_per_tensor_bad),
+    _quant_spec("quantize_per_channel", ("quantize",), _quantize_per_channel_bad),
+    _quant_spec("dequantize", ("dequantize",), _dequantize_bad,
+                reference="test_quant:ref_dequantize", samples=_dequantize_samples,
+                # exact: the integer difference times the scale, rounded once
+                tol={_spec.F32: (0.0, 0.0), _spec.F64: (0.0, 0.0)},
+                # out= is taken, but the out= checks need an array argument
+                # and move none of a QTensor to CUDA
+                out=False),
+    _quant_spec("add", ("add",), _add_bad, out=False),
+    _quant_spec("add_relu", ("add",), _add_bad, out=False),
+    _quant_spec("relu", ("relu",), _relu_bad, out=False),
+    _quant_spec("max_pool2d", ("max_pool2d",), _max_pool2d_bad, out=False),
+    _quant_spec("adaptive_avg_pool2d", ("adaptive_avg_pool2d",),
+                _adaptive_avg_pool2d_bad, out=False),
+    _quant_spec("global_avg_pool2d", ("adaptive_avg_pool2d",),
+                _global_avg_pool2d_bad, out=False),
+)}
+
+
+# ---------------------------------------------------------------------------
 # Quantize / dequantize
 
 
-@operator("quant.quantize_per_tensor")
+@operator(SPECS["quant.quantize_per_tensor"])
 def quantize_per_tensor(x, scale, zero_point, dtype, out=None):
     """Quantize a float array with one scale and zero point (ONNX QuantizeLinear).
 
@@ -110,7 +273,7 @@ def quantize_per_tensor(x, scale, zero_point, dtype, out=None):
     >>> q.int_repr()                        # ties to even
     array([ 0,  2, -9], dtype=int8)
     """
-    op = "quantize_per_tensor"
+    op = "quant.quantize_per_tensor"
     x = _float_input(op, "x", x)
     qdtype = _qdtype(op, dtype)
     qmin, qmax = QTYPES[qdtype]
@@ -124,7 +287,7 @@ def quantize_per_tensor(x, scale, zero_point, dtype, out=None):
     return QTensor(out, scale, zero_point)
 
 
-@operator("quant.quantize_per_channel")
+@operator(SPECS["quant.quantize_per_channel"])
 def quantize_per_channel(x, scales, zero_points, axis, dtype, out=None):
     """Quantize a float array with one scale and zero point per slice along
     ``axis`` (ONNX QuantizeLinear with a 1-D scale and ``axis``).
@@ -164,7 +327,7 @@ def quantize_per_channel(x, scales, zero_points, axis, dtype, out=None):
     array([[  50, -100],
            [  10,   30]], dtype=int8)
     """
-    op = "quantize_per_channel"
+    op = "quant.quantize_per_channel"
     x = _float_input(op, "x", x)
     qdtype = _qdtype(op, dtype)
     qmin, qmax = QTYPES[qdtype]
@@ -185,7 +348,7 @@ def quantize_per_channel(x, scales, zero_points, axis, dtype, out=None):
     return QTensor(out, scales, zero_points, axis=axis)
 
 
-@operator("quant.dequantize")
+@operator(SPECS["quant.dequantize"])
 def dequantize(q, dtype=np.float32, out=None):
     """Real values of a quantized tensor (ONNX DequantizeLinear).
 
@@ -219,7 +382,7 @@ def dequantize(q, dtype=np.float32, out=None):
     >>> nbops.quant.dequantize(q)
     array([ -5. ,   0. , 122.5], dtype=float32)
     """
-    op = "dequantize"
+    op = "quant.dequantize"
     q = _qtensor(op, "q", q)
     fdtype = np.dtype(dtype) if _is_dtype(dtype) else None
     # not `None in _FLOATS`: NumPy's dtype == None is float64 == float64
@@ -241,7 +404,7 @@ def dequantize(q, dtype=np.float32, out=None):
 # Elementwise operators
 
 
-@operator("quant.add")
+@operator(SPECS["quant.add"])
 def add(qa, qb, scale, zero_point, requant="fixed"):
     """Quantized ``a + b``, requantized to the output's (scale, zero_point).
 
@@ -286,10 +449,10 @@ def add(qa, qb, scale, zero_point, requant="fixed"):
     >>> nbops.quant.add(qa, qb, 0.1, 0).dequantize()
     array([ 1.5, -1.5], dtype=float32)
     """
-    return _add("add", qa, qb, scale, zero_point, requant, relu=False)
+    return _add("quant.add", qa, qb, scale, zero_point, requant, relu=False)
 
 
-@operator("quant.add_relu")
+@operator(SPECS["quant.add_relu"])
 def add_relu(qa, qb, scale, zero_point, requant="fixed"):
     """Quantized ``relu(a + b)``: :func:`add` with the lower clamp raised to
     the output zero point (real 0), in the same pass.
@@ -307,7 +470,7 @@ def add_relu(qa, qb, scale, zero_point, requant="fixed"):
     >>> nbops.quant.add_relu(qa, qa, 0.1, 0).dequantize()
     array([2., 0.], dtype=float32)
     """
-    return _add("add_relu", qa, qb, scale, zero_point, requant, relu=True)
+    return _add("quant.add_relu", qa, qb, scale, zero_point, requant, relu=True)
 
 
 def _add(op, qa, qb, scale, zero_point, requant, relu):
@@ -340,7 +503,7 @@ def _add(op, qa, qb, scale, zero_point, requant, relu):
     return QTensor(out, so, zo)
 
 
-@operator("quant.relu")
+@operator(SPECS["quant.relu"])
 def relu(q):
     """Quantized relu: ``max(q, zero_point)`` with q's own parameters (real 0
     is the zero point; no requantization).
@@ -378,7 +541,7 @@ def relu(q):
 # Pooling
 
 
-@operator("quant.max_pool2d")
+@operator(SPECS["quant.max_pool2d"])
 def max_pool2d(q, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
     """2-D max pooling of a quantized NCHW tensor, on the integers directly
     (the affine map is increasing, so the max commutes with it); the output
@@ -435,7 +598,7 @@ def max_pool2d(q, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
     return q._with_values(out)
 
 
-@operator("quant.adaptive_avg_pool2d")
+@operator(SPECS["quant.adaptive_avg_pool2d"])
 def adaptive_avg_pool2d(q, output_size, scale=None, zero_point=None, requant="fixed"):
     """Adaptive average pooling of a quantized NCHW tensor (PyTorch's windows:
     rows ``floor(i H / OH)`` to ``ceil((i + 1) H / OH)``), summed in int32
@@ -476,7 +639,7 @@ def adaptive_avg_pool2d(q, output_size, scale=None, zero_point=None, requant="fi
                          requant)
 
 
-@operator("quant.global_avg_pool2d")
+@operator(SPECS["quant.global_avg_pool2d"])
 def global_avg_pool2d(q, scale=None, zero_point=None, requant="fixed"):
     """Mean over H and W of a quantized NCHW tensor:
     ``adaptive_avg_pool2d(q, 1, scale, zero_point, requant)``, shape (N, C, 1, 1).

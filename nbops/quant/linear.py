@@ -45,7 +45,7 @@ __all__ = ["matmul_integer", "matmul", "linear", "linear_dynamic", "conv2d", "pa
 
 # the int8 GEMM's modules pair as quant/cpu_gemm.py and quant/cuda_gemm.py
 FAMILY = _spec.Family("quant_gemm", "nbops.quant.cpu_gemm", "nbops.quant.cuda_gemm")
-_dispatch.register_kernels(FAMILY, ("gemm_op", "conv2d_op"))
+# the packers have no CUDA twin: registered on the CPU only, outside the specs
 _dispatch.register_kernels(FAMILY, ("pack_a", "pack_b"), (CPU,))
 
 #: Exclusive bound on ``k * max|a - za| * max|b - zb|`` (int32 accumulation).
@@ -56,7 +56,150 @@ _REQUANT = ("fixed", "float")
 _MODE = {"int32": 0, "fixed": 1, "float": 2, "dequant": 3}
 
 
-@operator("quant.matmul_integer")
+# ---------------------------------------------------------------------------
+# Declarations
+#
+# No samples: the op table compares float arrays of the run's dtype, and
+# these operators return int32 arrays, QTensors or float32 whatever the
+# inputs. Their bad inputs run in tests/test_quant_gemm.py through
+# nbops.testing.check_bad_inputs.
+
+
+def _lazy_bad(make):
+    """``bad(dtype)`` of the ``(args, kwargs, error, match)`` calls that
+    ``make()`` gives, built only when the tests ask."""
+    def bad(dtype):
+        return [_spec.Bad(*c) for c in make()]
+    return bad
+
+
+def _operands():
+    """uint8 A (4, 8), int8 B (8, 3), and QTensors: x (2, 8) uint8 and a
+    linear weight (3, 8) int8."""
+    return (np.zeros((4, 8), np.uint8), np.zeros((8, 3), np.int8),
+            QTensor(np.zeros((2, 8), np.uint8), 0.1, 0),
+            QTensor(np.zeros((3, 8), np.int8), 0.1, 0))
+
+
+def _matmul_integer_bad():
+    a, b, qx, _ = _operands()
+    return [
+        ((a.astype(np.float32), b), {}, TypeError, "'a' must be a uint8"),
+        ((a, b.astype(np.int32)), {}, TypeError, "'b' must be a uint8"),
+        ((qx, b), {}, TypeError, "QTensor"),
+        ((a, b[:5]), {}, ValueError, "inner dimensions"),
+        ((np.zeros(()), b), {}, TypeError, "'a' must be a uint8"),
+        ((np.zeros((), np.uint8), b), {}, ValueError, "at least 1 dimension"),
+        ((np.zeros((2, 4, 8), np.uint8), np.zeros((3, 8, 3), np.int8)), {}, ValueError,
+         "do not broadcast"),
+        ((a, b), dict(a_zero_point=256), ValueError, "a_zero_point"),
+        ((a, b), dict(b_zero_point=-129), ValueError, "b_zero_point"),
+        ((a, b), dict(b_zero_point=np.zeros(4, np.int8)), ValueError, "one per column"),
+        ((a, b), dict(a_zero_point=0.5), TypeError, "a_zero_point"),
+        ((a, b), dict(a_zero_point=True), TypeError, "got bool"),
+        ((a, b), dict(out=np.empty((4, 3), np.float32)), TypeError, "'out' must be int32"),
+        ((np.zeros((1, 70000), np.uint8), np.zeros((70000, 1), np.int8)), {}, ValueError,
+         "overflow the int32 accumulator")]
+
+
+def _matmul_bad():
+    a, b, qx, qw = _operands()
+    qb = QTensor(b, 0.1, 0)
+    return [
+        ((a, qw, 0.1, 0), {}, TypeError, "'qa' must be a QTensor"),
+        ((qx, b, 0.1, 0), {}, TypeError, "'qb' must be a QTensor"),
+        ((qx, QTensor(b, np.ones(8), np.zeros(8), axis=0), 0.1, 0), {}, ValueError,
+         "per column"),
+        ((QTensor(np.zeros((2, 8), np.uint8), [0.1, 0.2], [0, 0], axis=0), qb, 0.1, 0), {},
+         ValueError, "'qa' must be quantized per tensor"),
+        ((qx, qb, 0.0, 0), {}, ValueError, "out_scale"),
+        ((qx, qb, 0.1, 300), {}, ValueError, "out_zero_point"),
+        ((qx, qb, 0.1, 0.5), {}, TypeError, "'out_zero_point' must be an int"),
+        ((qx, qb, 0.1, 0), dict(out_dtype=np.int16), TypeError, "out_dtype"),
+        ((qx, qb, 0.1, 0), dict(requant="round"), ValueError, "requant"),
+        ((qx, qw, 0.1, 0), {}, ValueError, "inner dimensions")]
+
+
+def _linear_bad():
+    _, _, qx, qw = _operands()
+    return [
+        ((np.zeros((2, 8), np.float32), qw), {}, TypeError, "'x' must be a QTensor"),
+        ((qx, np.zeros((3, 8), np.float32)), {}, TypeError, "'w' must be a QTensor"),
+        ((qx, QTensor(np.zeros((3, 7), np.int8), 0.1, 0)), {}, ValueError, "input features"),
+        ((qx, QTensor(np.zeros((3, 8, 1), np.int8), 0.1, 0)), {}, ValueError, "must be 2-D"),
+        ((qx, QTensor(np.zeros((3, 8), np.int8), np.ones(8), np.zeros(8), axis=1)), {},
+         ValueError, "axis 0"),
+        ((qx, qw, [1, 2, 3]), {}, TypeError, "'bias' must be an int32 array"),
+        ((qx, qw), dict(out_scale=0.1), ValueError, "both"),
+        ((qx, qw), dict(out_dtype=np.int8), ValueError, "'out_dtype' needs"),
+        ((qx, qw), dict(out_scale=0.1, out_zero_point=0, requant="round"), ValueError,
+         "requant")]
+
+
+def _linear_dynamic_bad():
+    _, _, qx, qw = _operands()
+    x = np.zeros((2, 8), np.float32)
+    return [
+        ((qx, qw), {}, TypeError, "float32"),
+        ((np.zeros((2, 8), np.int8), qw), {}, TypeError, "must be a float32 array"),
+        ((np.zeros((2, 8)), qw), {}, TypeError, "float32"),
+        ((x, np.zeros((3, 8), np.int8)), {}, TypeError, "'w' must be a QTensor")]
+
+
+def _conv2d_bad():
+    _, _, qx, qw = _operands()
+
+    def x(*shape):
+        return QTensor(np.zeros(shape, np.uint8), 0.1, 0)
+
+    def w(*shape):
+        return QTensor(np.zeros(shape, np.int8), 0.1, 0)
+
+    return [
+        ((qx, qw), {}, ValueError, "4-D"),
+        ((np.zeros((1, 3, 4, 4), np.uint8), w(4, 3, 3, 3)), {}, TypeError,
+         "'qx' must be a QTensor"),
+        ((x(1, 3, 4, 4), w(4, 2, 3, 3)), {}, ValueError, "groups"),
+        ((x(1, 2, 2, 2), w(4, 2, 3, 3)), {}, ValueError,
+         "of 'qw' spans 3 .* padded input of 'qx' is only 2"),
+        ((x(1, 2, 4, 4), w(4, 2, 3, 3)), dict(padding="same"), TypeError,
+         "'padding' must be an int or a tuple of 2 ints"),
+        ((x(1, 2, 4, 4), w(4, 2, 3, 3)), dict(stride=0), ValueError, "stride"),
+        ((x(1, 2, 4, 4), w(4, 2, 3, 3)), dict(groups=0), ValueError, "'groups'"),
+        ((x(1, 4, 4, 4), w(3, 2, 3, 3)), dict(groups=2), ValueError, "not divisible"),
+        ((x(1, 2, 4, 4), w(4, 2, 3, 3)), dict(out_scale=0.1), ValueError, "both")]
+
+
+def _gemm_spec(name, kernels, bad, **fields):
+    return _spec.OpSpec(f"quant.{name}", FAMILY, kernels, bad=_lazy_bad(bad), **fields)
+
+
+def _bench(name, baseline, setup, reference, **options):
+    """A :class:`nbops._spec.Bench` of ``nbops.bench.quant``'s functions
+    (``out_like`` and ``flops`` named by attribute too)."""
+    def at(attr):
+        return f"nbops.bench.quant:{attr}"
+
+    for key in ("out_like", "flops"):
+        if key in options:
+            options[key] = at(options[key])
+    return _spec.Bench(at(baseline), name, at(setup), reference=at(reference),
+                       options=dict(dtypes=(_spec.F32,), tol=(1e-6, 1e-6), **options))
+
+
+SPECS = {s.name: s for s in (
+    _gemm_spec("matmul_integer", ("gemm_op",), _matmul_integer_bad,
+               bench=(_bench("quant_matmul_integer", "numpy_int32", "square_ints", "ref_gemm",
+                             out_like="gemm_out", flops="gemm_ops",
+                             baseline_name="numpy int32 matmul"),)),
+    _gemm_spec("matmul", ("gemm_op",), _matmul_bad, out=False),
+    _gemm_spec("linear", ("gemm_op",), _linear_bad, out=False),
+    _gemm_spec("linear_dynamic", ("gemm_op",), _linear_dynamic_bad, out=False),
+    _gemm_spec("conv2d", ("conv2d_op",), _conv2d_bad, out=False),
+)}
+
+
+@operator(SPECS["quant.matmul_integer"])
 def matmul_integer(a, b, a_zero_point=0, b_zero_point=0, out=None):
     """ONNX MatMulInteger: ``(a - a_zero_point) @ (b - b_zero_point)`` in int32.
 
@@ -109,7 +252,7 @@ def matmul_integer(a, b, a_zero_point=0, b_zero_point=0, out=None):
     return out
 
 
-@operator("quant.matmul")
+@operator(SPECS["quant.matmul"])
 def matmul(qa, qb, out_scale, out_zero_point, out_dtype=None, requant="fixed"):
     """ONNX QLinearMatMul on QTensors, requantized to ``out_scale`` /
     ``out_zero_point``.
@@ -180,7 +323,7 @@ def matmul(qa, qb, out_scale, out_zero_point, out_dtype=None, requant="fixed"):
     return QTensor(out, s_out, z_out)
 
 
-@operator("quant.linear")
+@operator(SPECS["quant.linear"])
 def linear(x, w, bias=None, out_scale=None, out_zero_point=None, out_dtype=None,
            requant="fixed"):
     """Quantized fully connected layer ``x @ w.T + bias``, requantized or
@@ -268,7 +411,7 @@ def linear(x, w, bias=None, out_scale=None, out_zero_point=None, out_dtype=None,
     return res
 
 
-@operator("quant.linear_dynamic")
+@operator(SPECS["quant.linear_dynamic"])
 def linear_dynamic(x, w, bias=None):
     """Dynamically quantized linear layer (PyTorch's ``nn.quantized.dynamic.Linear``):
     ``x`` is quantized on the fly to uint8, per tensor, over its own range
@@ -341,7 +484,7 @@ def linear_dynamic(x, w, bias=None):
     return out
 
 
-@operator("quant.conv2d")
+@operator(SPECS["quant.conv2d"])
 def conv2d(qx, qw, bias=None, stride=1, padding=0, dilation=1, groups=1, out_scale=None,
            out_zero_point=None, out_dtype=None, requant="fixed"):
     """ONNX QLinearConv (NCHW): int8 convolution with int32 accumulation,
