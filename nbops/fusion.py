@@ -45,7 +45,6 @@ from . import _checks, _dispatch, _layout, _spec
 __all__ = ["fuse", "Fused"]
 
 FAMILY = _spec.mirror("fusion")
-_dispatch.register_kernels(FAMILY, ("run",))
 
 REDUCTIONS = ("sum", "mean", "max")
 
@@ -637,6 +636,23 @@ def _is_array(a):
     return isinstance(a, np.ndarray) or _dispatch.is_device_array(a)
 
 
+# ---------------------------------------------------------------------------
+# Declaration
+
+#: ``fuse`` takes a function to trace and returns a compiled one, so no
+#: sample of arrays can call it, and no backward: the op table runs its bad
+#: calls only (tests/test_fusion.py checks the functions it makes).
+SPEC = _spec.OpSpec(
+    "fuse", FAMILY, ("run",), out=False,
+    bad=lambda dtype: [_spec.Bad(*b) for b in (
+        ((3,), {}, TypeError, "fn must be callable"),
+        ((abs,), dict(reduce="min"), ValueError, "'reduce' must be one of 'sum', 'mean', 'max'"),
+        ((abs,), dict(reduce="sum", axis=1.0), TypeError, "'axis' must be an int, got float"),
+        ((abs,), dict(axis=1), ValueError, "'axis' needs a reduction"),
+        ((abs,), dict(name=3), TypeError, "'name' must be a str"))])
+
+
+@_dispatch.operator(SPEC)
 def fuse(fn=None, reduce=None, axis=None, name=None):
     """Compile the elementwise function ``fn`` into one kernel per device.
 

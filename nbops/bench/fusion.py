@@ -1,6 +1,6 @@
-"""Benchmark case of ``nbops.fuse``: a bias-add followed by GELU, fused into
+"""Benchmark cases of ``nbops.fuse``: a bias-add followed by GELU, fused into
 one pass, against NumPy doing the add and then the GELU formula (a second
-pass and temporaries). Skipped with a note until ``nbops.fuse`` exists."""
+pass and temporaries); a fused sum and a five-operation chain likewise."""
 
 import functools
 
@@ -52,6 +52,8 @@ def _reference(x, b):
     return activations.gelu_ref(x + b)
 
 
+# plain cases, not from fuse's spec (nbops/fusion.py): each times a fused
+# function that nbops.fuse made, not the fuse operator itself
 CASES = [
     Case("fuse_bias_gelu", _setup, lambda x, b, out: _fused()(x, b, out=out), _baseline,
          _reference, requires=("fuse",)),

@@ -17,8 +17,9 @@ models and snnTorch is ``tools/bench_neuromorphic.py`` (asv:
 import numpy as np
 
 import nbops
+import nbops.neuromorphic
 
-from .harness import Case
+from .harness import Case, spec_cases
 
 STEPS = 8
 BETA = 0.5
@@ -26,19 +27,15 @@ THRESHOLD = 1.0
 SLOPE = 25.0       # the fast-sigmoid surrogate's default slope
 
 
-def _setup(n, dtype, rng):
+def setup(n, dtype, rng):
     shape = (STEPS, max(1, n // STEPS))
     x = (rng.integers(0, 16, shape) / 16).astype(dtype)
     return (x,)
 
 
 def _setup_backward(n, dtype, rng):
-    (x,) = _setup(n, dtype, rng)
+    (x,) = setup(n, dtype, rng)
     return rng.standard_normal(x.shape).astype(dtype), x
-
-
-def lif_nbops(x, out):
-    return nbops.neuromorphic.lif(x, BETA, THRESHOLD, out=out)[0]
 
 
 def lif_numpy(x, out):
@@ -49,6 +46,18 @@ def lif_numpy(x, out):
         np.greater(v, THRESHOLD, out=out[t])
         v -= out[t] * x.dtype.type(THRESHOLD)
     return out
+
+
+def lif_reference(x):
+    """What ``lif`` returns, ``(spikes, v)``, in float64: the baseline's
+    loop keeping its final membrane."""
+    spikes = np.empty_like(x)
+    v = np.zeros_like(x[0])
+    for t in range(x.shape[0]):
+        v = v * BETA + x[t]
+        spikes[t] = v > THRESHOLD
+        v = v - spikes[t] * THRESHOLD
+    return spikes, v
 
 
 def lif_backward_nbops(grad_spikes, x, out):
@@ -80,8 +89,9 @@ def _backward_bytes(inputs, out):
     return sum(a.nbytes for a in inputs) + out.nbytes
 
 
-CASES = [
-    Case("lif", _setup, lif_nbops, lif_numpy, tol=(0.0, 0.0)),
+# lif from its spec (nbops/neuromorphic/__init__.py); lif_backward returns a
+# dict of gradients, of which the case times and checks the inputs' one
+CASES = spec_cases([nbops.neuromorphic.SPECS["lif"]], None) + [
     Case("lif_backward", _setup_backward, lif_backward_nbops, lif_backward_numpy,
          out_like=_backward_out, nbytes=_backward_bytes, tol=(1e-5, 1e-12)),
 ]

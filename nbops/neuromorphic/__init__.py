@@ -48,7 +48,6 @@ __all__ = ["lif", "if_neuron", "synaptic", "alif", "lif_step", "lif_backward",
            "first_spike_time"]
 
 FAMILY = _spec.subpackage("neuromorphic")
-_dispatch.register_kernels(FAMILY, ("forward", "backward"))
 
 _SPIKE_DTYPES = (np.dtype(np.uint8), np.dtype(np.bool_))
 
@@ -70,14 +69,13 @@ def _sequence(op, inputs):
 
 
 def _contiguous(x):
+    """``x`` C-contiguous: a copy where it is a strided view (the kernels
+    read rows of neurons), on either device."""
     if isinstance(x, np.ndarray):
         return np.ascontiguousarray(x)
-    from .. import _layout
+    from ..tensor import contiguous_array
 
-    if not _layout.is_c_contiguous(x):
-        raise ValueError("device inputs must be C-contiguous for the spiking kernels; "
-                         "copy them first (nbops.contiguous)")
-    return x
+    return contiguous_array(x)
 
 
 def _state(op, name, value, inputs, dev):
@@ -184,10 +182,11 @@ class _Call:
     ``p`` and their user shapes, constants ``c``, surrogate and device."""
 
     def __init__(self, op, model, inputs, beta, threshold, reset, a0, b0, p2=0.0, p3=0.0,
-                 refractory=0, surrogate="fast_sigmoid", sgrad=None, detach_reset=True):
+                 refractory=0, surrogate="fast_sigmoid", sgrad=None, detach_reset=True,
+                 out=None):
         inputs = _sequence(op, inputs)
         self.dev = _dispatch.resolve_device(op, inputs=inputs, beta=beta, threshold=threshold,
-                                            **{a0[0]: a0[1], b0[0]: b0[1]})
+                                            **{a0[0]: a0[1], b0[0]: b0[1]}, out=out)
         self.op, self.model, self.dtype = op, model, inputs.dtype
         self.shape = tuple(inputs.shape)
         step = self.shape[1:]
@@ -311,11 +310,13 @@ def _surrogate_kw(slope, alpha, width):
 
 def _rule(model, layout):
     """The autograd rule of a model whose forward parameters are named in
-    ``layout`` (the names of its gradient slots, in signature order)."""
-    back = {"lif": lif_backward, "if": if_neuron_backward, "synaptic": synaptic_backward,
-            "alif": alif_backward}[model]
+    ``layout`` (the names of its gradient slots, in signature order). The
+    backward operators are looked up at call time: the rules are declared
+    before them."""
 
     def rule(ctx, *grads):
+        back = {"lif": lif_backward, "if": if_neuron_backward, "synaptic": synaptic_backward,
+                "alif": alif_backward}[model]
         kw = dict(ctx.kwargs)
         for k in ("trace", "spike_dtype", "out"):
             kw.pop(k, None)
@@ -354,6 +355,194 @@ _BACK_DOC = """
 
 
 # ---------------------------------------------------------------------------
+# Declarations: samples, bad inputs and the spec of every operator
+
+
+def _current(rng, shape, dtype):
+    """Input currents in multiples of 1/16: with decays of 1/2 or 3/4 every
+    membrane value of a few steps is exact in float32, so the float32 spikes
+    are those of the float64 reference (no spike hangs on a rounding)."""
+    return (rng.integers(-4, 20, shape) / 16).astype(dtype)
+
+
+def _neuron_samples(model, params, kwargs=None, refractory=True):
+    """``samples(dtype)`` of ``model`` whose positional parameters between
+    ``inputs`` and ``threshold`` are ``params`` (``beta`` last), with
+    ``kwargs`` in every call: the main call (initial state, trace), each
+    reset, per-neuron beta and threshold, one step, no neurons, special
+    values."""
+    kwargs = dict(kwargs or {})
+
+    def samples(dtype):
+        rng = np.random.default_rng(0)
+
+        def x(*shape):
+            return _current(rng, shape, dtype)
+
+        state = {"lif": ("v0",), "synaptic": ("syn0", "v0"), "alif": ("v0", "a0")}[model]
+        p, kw = tuple(params), kwargs
+        out = [_spec.Sample((x(6, 4, 5),) + p,
+                            dict(kw, trace=True, **{k: x(4, 5) for k in state}),
+                            "T6x4x5,state,trace"),
+               _spec.Sample((x(5, 7),) + p, dict(kw, threshold=1.0, reset="zero"), "zero"),
+               _spec.Sample((x(4, 3),) + p, dict(kw, threshold=0.75, reset="none", trace=True),
+                            "none"),
+               _spec.Sample((x(1, 5),) + p, kw, "T1"),
+               _spec.Sample((x(3, 0),) + p, kw, "no-neurons")]
+        if refractory:
+            out.append(_spec.Sample((x(6, 9),) + p, dict(kw, refractory=2), "refractory"))
+        if p:
+            # per-neuron parameters: beta over the features, threshold per batch row
+            beta = np.array([0.5, 0.75, 1.0, 0.25], dtype)
+            per = p[:-1] + (beta, np.full((3, 1), 0.75, dtype))
+            out.append(_spec.Sample((x(5, 3, 4),) + per, kw, "per-neuron"))
+        e = np.zeros((3, len(_spec.EDGE_VALUES)), dtype)
+        e[0] = _spec.EDGE_VALUES
+        out.append(_spec.Sample((e,) + p, kw, "edge"))
+        return out
+
+    return samples
+
+
+_X = np.zeros((4, 3), np.float32)
+
+
+def _bad(*calls):
+    return lambda dtype: [_spec.Bad(*c) for c in calls]
+
+
+_NEURON_BAD = (
+    ((_X.astype(np.int32),), {}, TypeError, "'inputs' must be a float32"),
+    ((_X[0],), {}, ValueError, "time-major"),
+    ((_X[:0],), {}, ValueError, "empty time axis"),
+    ((_X,), dict(threshold=0.0), ValueError, "'threshold' must be > 0"),
+    ((_X,), dict(threshold=-1.0), ValueError, "'threshold'"),
+    ((_X,), dict(threshold=float("nan")), ValueError, "'threshold' must be finite"),
+    ((_X,), dict(reset="hard"), ValueError, "'reset'"),
+    ((_X,), dict(v0=np.zeros(4, np.float32)), ValueError, "one time step"),
+    ((np.zeros((4, 3, 5), np.float32),), dict(v0=np.zeros((4, 5), np.float32)), ValueError,
+     "time axis must be first"),
+    ((_X,), dict(v0=np.zeros(3)), TypeError, "'v0' is float64"),
+    ((_X,), dict(surrogate="relu"), ValueError, "'surrogate'"),
+    ((_X,), dict(slope=-1.0), ValueError, "'slope'"),
+    ((_X,), dict(surrogate="straight_through", width=1.0), ValueError, "no parameter"),
+    ((_X,), dict(spike_dtype=np.int64), TypeError, "'spike_dtype'"),
+    ((_X,), dict(detach_reset="yes"), TypeError, "'detach_reset'"),
+    ((_X,), dict(out=np.empty((4, 3), np.float64)), TypeError, "'out' must be float32"))
+
+
+def _with(params, *calls, refractory=True, surrogate_alpha=True):
+    """Bad calls of a model: the shared ones with ``params`` (keyword
+    arguments every call needs) added, then ``calls``."""
+    shared = [(a, {**params, **kw}, e, m) for a, kw, e, m in _NEURON_BAD]
+    if refractory:
+        shared += [((_X,), dict(params, refractory=-1), ValueError, "'refractory'"),
+                   ((_X,), dict(params, refractory=1.5), TypeError,
+                    "'refractory' must be an int")]
+    if surrogate_alpha:
+        shared.append(((_X,), dict(params, surrogate="atan", slope=3.0), ValueError,
+                       "takes 'alpha'"))
+    return _bad(*shared, *calls)
+
+
+_BETA_BAD = (
+    ((_X, 1.5), {}, ValueError, "'beta'"),
+    ((_X, -0.1), {}, ValueError, "'beta'"),
+    ((_X, np.array([0.5, 1.2, 0.1], np.float32)), {}, ValueError, "'beta' must be"),
+    ((_X, np.ones(4, np.float32)), {}, ValueError, "does not broadcast"),
+    ((_X, np.ones(3)), {}, TypeError, "'beta' is float64"),
+    ((_X, "0.9"), {}, TypeError, "'beta'"))
+
+
+def _backward_bad(params):
+    """Bad calls of a backward pass: its upstream gradients and ``out=``
+    (the model's own arguments are checked by the same code as the forward's)."""
+    g = np.ones((4, 3), np.float32)
+    return _bad(
+        ((np.ones((4, 2), np.float32), _X), params, ValueError, "'grad_spikes' must have shape"),
+        ((g, _X), dict(params, grad_v=np.ones(4, np.float32)), ValueError, "'grad_v'"),
+        ((g, _X), dict(params, grad_trace=np.ones(3, np.float32)), ValueError,
+         "'grad_trace'"),
+        ((g, _X), dict(params, out=np.empty((4, 3), np.float64)), TypeError,
+         "'out' must be float32"),
+        ((g, _X), dict(params, out=np.empty((3, 4), np.float32)), ValueError,
+         "'out' must have shape"),
+        ((g, _X.astype(np.int32)), params, TypeError, "'inputs' must be a float32"),
+        ((g, _X), dict(params, surrogate="relu"), ValueError, "'surrogate'"))
+
+
+_LIF_STEP_BAD = _bad(
+    ((_X[0], LIFState(np.zeros(4, np.float32))), {}, ValueError,
+     "state.v must have the shape"),
+    ((_X[0], (np.zeros(3, np.float32),)), {}, TypeError, "LIFState"),
+    ((_X[0], None, (0.9, 1.0, "subtract")), {}, TypeError, "LIFParameters"),
+    ((_X[0], None, LIFParameters(beta=2.0)), {}, ValueError, "'beta'"),
+    ((_X[0], None, LIFParameters(threshold=0)), {}, ValueError, "'threshold'"),
+    ((_X[0], None), dict(inplace=True), ValueError, "state is None"),
+    ((_X[0], None), dict(inplace=1), TypeError, "'inplace' must be a bool"),
+    ((_X[0], LIFState(np.zeros((3, 2), np.float32)[:, 0])), dict(inplace=True), ValueError,
+     "C-contiguous state.v"),
+    ((_X[0], None), dict(out=np.empty(4, np.float32)), ValueError, "'out' must have shape"),
+    ((_X[0].astype(np.int64),), {}, TypeError, "'x' must be a float32"))
+
+#: spikes and membranes are exact (see _current); the edge sample's
+#: subnormals are not halved exactly in float32
+_NEURON_TOL = {_spec.F32: (1e-6, 1e-30), _spec.F64: (1e-15, 1e-300)}
+
+
+def _neuron(name, rule, samples, bad, bench=()):
+    # surrogate derivatives are not derivatives of the forward: no Grad
+    return _spec.OpSpec(name, FAMILY, ("forward",), backward=_rule(*rule),
+                        reference=f"test_neuromorphic:ref_{name}", samples=samples, bad=bad,
+                        tol=_NEURON_TOL, bench=bench)
+
+
+def _backward(name, params):
+    # returns a dict of gradients, which the op table's checks cannot
+    # compare: no samples (tests/test_neuromorphic.py checks the gradients
+    # against finite differences of a smoothed forward)
+    return _spec.OpSpec(name, FAMILY, ("backward",), bad=_backward_bad(params))
+
+
+_LIF_BENCH = _spec.Bench(
+    "nbops.bench.neuromorphic:lif_numpy", "lif", "nbops.bench.neuromorphic:setup",
+    kwargs=dict(beta=0.5, threshold=1.0), reference="nbops.bench.neuromorphic:lif_reference",
+    options=dict(tol=(0.0, 0.0)))
+
+SPECS = {s.name: s for s in (
+    _neuron("lif", ("lif", ("inputs", "beta", "threshold", "reset", "v0")),
+            _neuron_samples("lif", (0.75,)), _with({"beta": 0.9}, *_BETA_BAD),
+            bench=(_LIF_BENCH,)),
+    _neuron("if_neuron", ("if", ("inputs", "threshold", "reset", "v0")),
+            _neuron_samples("lif", ()), _with({})),
+    _neuron("synaptic", ("synaptic", ("inputs", "alpha", "beta", "threshold", "reset", "syn0",
+                                      "v0")),
+            _neuron_samples("synaptic", (0.5, 0.75), refractory=False),
+            _with({"alpha": 0.5, "beta": 0.9},
+                  ((_X, 1.5, 0.9), {}, ValueError, "'alpha'"),
+                  ((_X, 0.5, 0.9), dict(syn0=np.zeros((3, 1), np.float32)), ValueError,
+                   "'syn0'"),
+                  refractory=False, surrogate_alpha=False)),
+    _neuron("alif", ("alif", ("inputs", "beta", "threshold", "adapt_decay", "adapt_scale",
+                              "reset", "v0", "a0")),
+            _neuron_samples("alif", (0.75,), dict(adapt_decay=0.5, adapt_scale=0.25),
+                            refractory=False),
+            _with({"beta": 0.9},
+                  ((_X, 0.9), dict(adapt_decay=2.0), ValueError, "'adapt_decay'"),
+                  ((_X, 0.9), dict(adapt_scale=-1.0), ValueError, "'adapt_scale'"),
+                  ((_X, 0.9), dict(a0=np.zeros((3, 1), np.float32)), ValueError, "'a0'"),
+                  refractory=False)),
+    _backward("lif_backward", {"beta": 0.9}),
+    _backward("if_neuron_backward", {}),
+    _backward("synaptic_backward", {"alpha": 0.5, "beta": 0.9}),
+    _backward("alif_backward", {"beta": 0.9}),
+    # a state object in, (spikes, LIFState) out: no samples until the op
+    # table's checks move and compare the arrays inside named tuples
+    _spec.OpSpec("lif_step", FAMILY, ("forward",), bad=_LIF_STEP_BAD),
+)}
+
+
+# ---------------------------------------------------------------------------
 # Models
 
 
@@ -361,7 +550,7 @@ def _forward_doc(fn):
     return fn
 
 
-@operator("lif")
+@operator(SPECS["lif"])
 def lif(inputs, beta, threshold=1.0, reset="subtract", v0=None, *, refractory=0, trace=False,
         spike_dtype=None, surrogate="fast_sigmoid", slope=None, alpha=None, width=None,
         detach_reset=True, out=None):
@@ -425,12 +614,13 @@ def lif(inputs, beta, threshold=1.0, reset="subtract", v0=None, *, refractory=0,
     """
     call = _Call("lif", "lif", inputs, beta, threshold, reset, ("v0", v0), ("r0", None),
                  refractory=refractory, surrogate=surrogate,
-                 sgrad=_surrogate_kw(slope, alpha, width), detach_reset=detach_reset)
+                 sgrad=_surrogate_kw(slope, alpha, width), detach_reset=detach_reset,
+                 out=out)
     spk, v, _, tr = call.forward(trace, spike_dtype, out)
     return (spk, v, tr) if trace else (spk, v)
 
 
-@operator("if_neuron")
+@operator(SPECS["if_neuron"])
 def if_neuron(inputs, threshold=1.0, reset="subtract", v0=None, *, refractory=0, trace=False,
               spike_dtype=None, surrogate="fast_sigmoid", slope=None, alpha=None, width=None,
               detach_reset=True, out=None):
@@ -447,12 +637,13 @@ def if_neuron(inputs, threshold=1.0, reset="subtract", v0=None, *, refractory=0,
     """
     call = _Call("if_neuron", "lif", inputs, 1.0, threshold, reset, ("v0", v0), ("r0", None),
                  refractory=refractory, surrogate=surrogate,
-                 sgrad=_surrogate_kw(slope, alpha, width), detach_reset=detach_reset)
+                 sgrad=_surrogate_kw(slope, alpha, width), detach_reset=detach_reset,
+                 out=out)
     spk, v, _, tr = call.forward(trace, spike_dtype, out)
     return (spk, v, tr) if trace else (spk, v)
 
 
-@operator("synaptic")
+@operator(SPECS["synaptic"])
 def synaptic(inputs, alpha, beta, threshold=1.0, reset="subtract", syn0=None, v0=None, *,
              trace=False, spike_dtype=None, surrogate="fast_sigmoid", slope=None, width=None,
              detach_reset=True, out=None):
@@ -472,12 +663,13 @@ def synaptic(inputs, alpha, beta, threshold=1.0, reset="subtract", syn0=None, v0
     """
     call = _Call("synaptic", "synaptic", inputs, beta, threshold, reset, ("v0", v0),
                  ("syn0", syn0), p2=alpha, surrogate=surrogate,
-                 sgrad=_surrogate_kw(slope, None, width), detach_reset=detach_reset)
+                 sgrad=_surrogate_kw(slope, None, width), detach_reset=detach_reset,
+                 out=out)
     spk, v, syn, tr = call.forward(trace, spike_dtype, out)
     return (spk, syn, v, tr) if trace else (spk, syn, v)
 
 
-@operator("alif")
+@operator(SPECS["alif"])
 def alif(inputs, beta, threshold=1.0, adapt_decay=0.95, adapt_scale=0.2, reset="subtract",
          v0=None, a0=None, *, trace=False, spike_dtype=None, surrogate="fast_sigmoid",
          slope=None, alpha=None, width=None, detach_reset=True, out=None):
@@ -495,7 +687,8 @@ def alif(inputs, beta, threshold=1.0, adapt_decay=0.95, adapt_scale=0.2, reset="
     """
     call = _Call("alif", "alif", inputs, beta, threshold, reset, ("v0", v0), ("a0", a0),
                  p2=adapt_decay, p3=adapt_scale, surrogate=surrogate,
-                 sgrad=_surrogate_kw(slope, alpha, width), detach_reset=detach_reset)
+                 sgrad=_surrogate_kw(slope, alpha, width), detach_reset=detach_reset,
+                 out=out)
     spk, v, a, tr = call.forward(trace, spike_dtype, out)
     return (spk, v, a, tr) if trace else (spk, v, a)
 
@@ -504,48 +697,52 @@ def alif(inputs, beta, threshold=1.0, adapt_decay=0.95, adapt_scale=0.2, reset="
 # Backward passes
 
 
-@operator("lif_backward")
+@operator(SPECS["lif_backward"])
 def lif_backward(grad_spikes, inputs, beta, threshold=1.0, reset="subtract", v0=None, *,
                  grad_v=None, grad_trace=None, refractory=0, surrogate="fast_sigmoid",
                  slope=None, alpha=None, width=None, detach_reset=True, out=None):
     call = _Call("lif_backward", "lif", inputs, beta, threshold, reset, ("v0", v0),
                  ("r0", None), refractory=refractory, surrogate=surrogate,
-                 sgrad=_surrogate_kw(slope, alpha, width), detach_reset=detach_reset)
+                 sgrad=_surrogate_kw(slope, alpha, width), detach_reset=detach_reset,
+                 out=out)
     gx, gb, gt, gv0, _ = call.backward(grad_spikes, grad_v, None, grad_trace, out)
     return {"inputs": gx, "beta": gb, "threshold": gt, "v0": gv0}
 
 
-@operator("if_neuron_backward")
+@operator(SPECS["if_neuron_backward"])
 def if_neuron_backward(grad_spikes, inputs, threshold=1.0, reset="subtract", v0=None, *,
                        grad_v=None, grad_trace=None, refractory=0, surrogate="fast_sigmoid",
                        slope=None, alpha=None, width=None, detach_reset=True, out=None):
     call = _Call("if_neuron_backward", "lif", inputs, 1.0, threshold, reset, ("v0", v0),
                  ("r0", None), refractory=refractory, surrogate=surrogate,
-                 sgrad=_surrogate_kw(slope, alpha, width), detach_reset=detach_reset)
+                 sgrad=_surrogate_kw(slope, alpha, width), detach_reset=detach_reset,
+                 out=out)
     gx, _, gt, gv0, _ = call.backward(grad_spikes, grad_v, None, grad_trace, out)
     return {"inputs": gx, "threshold": gt, "v0": gv0}
 
 
-@operator("synaptic_backward")
+@operator(SPECS["synaptic_backward"])
 def synaptic_backward(grad_spikes, inputs, alpha, beta, threshold=1.0, reset="subtract",
                       syn0=None, v0=None, *, grad_syn=None, grad_v=None, grad_trace=None,
                       surrogate="fast_sigmoid", slope=None, width=None, detach_reset=True,
                       out=None):
     call = _Call("synaptic_backward", "synaptic", inputs, beta, threshold, reset, ("v0", v0),
                  ("syn0", syn0), p2=alpha, surrogate=surrogate,
-                 sgrad=_surrogate_kw(slope, None, width), detach_reset=detach_reset)
+                 sgrad=_surrogate_kw(slope, None, width), detach_reset=detach_reset,
+                 out=out)
     gx, gb, gt, gv0, gs0 = call.backward(grad_spikes, grad_v, grad_syn, grad_trace, out)
     return {"inputs": gx, "beta": gb, "threshold": gt, "syn0": gs0, "v0": gv0}
 
 
-@operator("alif_backward")
+@operator(SPECS["alif_backward"])
 def alif_backward(grad_spikes, inputs, beta, threshold=1.0, adapt_decay=0.95, adapt_scale=0.2,
                   reset="subtract", v0=None, a0=None, *, grad_v=None, grad_a=None,
                   grad_trace=None, surrogate="fast_sigmoid", slope=None, alpha=None,
                   width=None, detach_reset=True, out=None):
     call = _Call("alif_backward", "alif", inputs, beta, threshold, reset, ("v0", v0),
                  ("a0", a0), p2=adapt_decay, p3=adapt_scale, surrogate=surrogate,
-                 sgrad=_surrogate_kw(slope, alpha, width), detach_reset=detach_reset)
+                 sgrad=_surrogate_kw(slope, alpha, width), detach_reset=detach_reset,
+                 out=out)
     gx, gb, gt, gv0, ga0 = call.backward(grad_spikes, grad_v, grad_a, grad_trace, out)
     return {"inputs": gx, "beta": gb, "threshold": gt, "v0": gv0, "a0": ga0}
 
@@ -567,19 +764,13 @@ for _fn, _model in ((lif_backward, "lif"), (if_neuron_backward, "if neuron"),
     """)
 del _fn, _model
 
-lif.backward = _rule("lif", ("inputs", "beta", "threshold", "reset", "v0"))
-if_neuron.backward = _rule("if", ("inputs", "threshold", "reset", "v0"))
-synaptic.backward = _rule("synaptic", ("inputs", "alpha", "beta", "threshold", "reset", "syn0",
-                                       "v0"))
-alif.backward = _rule("alif", ("inputs", "beta", "threshold", "adapt_decay", "adapt_scale",
-                               "reset", "v0", "a0"))
 
 
 # ---------------------------------------------------------------------------
 # Streaming
 
 
-@operator("lif_step")
+@operator(SPECS["lif_step"])
 def lif_step(x, state=None, params=LIFParameters(), spike_dtype=None, *, out=None,
              inplace=False):
     """One time step of :func:`lif`, for streaming (edge) inference.

@@ -23,8 +23,6 @@ _lif = importlib.import_module(".lif", __package__)
 __all__ = ["rate", "latency", "delta", "spike_count", "first_spike_time"]
 
 FAMILY = _spec.subpackage("neuromorphic")
-_dispatch.register_kernels(FAMILY, ("rate", "latency", "delta", "spike_count",
-                                    "first_spike_time"))
 
 _SPIKE_STORAGE = tuple(np.dtype(d) for d in (np.uint8, np.bool_, np.float32, np.float64))
 _ANY_SPIKES = _SPIKE_STORAGE + (np.dtype(np.int8),)
@@ -47,13 +45,13 @@ def _storage(op, dtype, allowed=_SPIKE_STORAGE):
 
 
 def _flat(x, dtype=None):
+    """``x`` as a flat C-contiguous array (of ``dtype`` on the CPU; a device
+    kernel converts as it reads): a copy where ``x`` is a strided view."""
     if isinstance(x, np.ndarray):
         return np.ascontiguousarray(x, dtype).reshape(-1)
-    from .. import _layout
+    from ..tensor import contiguous_array
 
-    if not _layout.is_c_contiguous(x):
-        raise ValueError("device arrays must be C-contiguous here; copy them first")
-    return x.reshape(-1)
+    return contiguous_array(x).reshape(-1)
 
 
 def _seed(op, seed):
@@ -75,7 +73,122 @@ def _encode(op, kernel, x, num_steps, dtype, args):
     return out
 
 
-@operator("spike_rate")
+# ---------------------------------------------------------------------------
+# Declarations: samples, bad inputs and the spec of every operator
+
+
+def _intensities(rng, shape, dtype, low=-0.5, high=1.5):
+    return rng.uniform(low, high, shape).astype(dtype)
+
+
+def _rate_samples(dtype):
+    """Spike trains stored as the sample's float dtype (the op table
+    compares results of that dtype); the reference reproduces the
+    counter-based draws exactly."""
+    rng = np.random.default_rng(0)
+    e = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, 0.5, 1e-30, 2.0, -1.0], dtype)
+    return [_spec.Sample((_intensities(rng, (5, 20), dtype), 3), dict(dtype=dtype), "5x20"),
+            _spec.Sample((_intensities(rng, (7,), dtype), 4),
+                         dict(gain=0.8, mode="poisson", seed=2 ** 40 + 3, dtype=dtype),
+                         "poisson,seed>2**32"),
+            _spec.Sample((_intensities(rng, (2, 3, 4), dtype), 2),
+                         dict(gain=2.0, seed=7, dtype=dtype), "gain2"),
+            _spec.Sample((_intensities(rng, (), dtype), 5), dict(dtype=dtype), "0-d"),
+            _spec.Sample((np.zeros(0, dtype), 3), dict(dtype=dtype), "empty"),
+            _spec.Sample((e, 6), dict(mode="poisson", dtype=dtype), "edge")]
+
+
+def _latency_samples(dtype):
+    rng = np.random.default_rng(1)
+    e = np.array([1.0, 0.5, 0.2, 0.011, 0.01, 0.005, 0.0, -1.0, np.nan, np.inf, 1e30], dtype)
+    return [_spec.Sample((_intensities(rng, (5, 20), dtype, -0.2), 6), dict(dtype=dtype),
+                         "5x20"),
+            _spec.Sample((_intensities(rng, (7,), dtype, -0.2), 11),
+                         dict(linear=True, dtype=dtype), "linear"),
+            _spec.Sample((_intensities(rng, (2, 3, 4), dtype, -0.2), 4),
+                         dict(tau=2.0, threshold=0.2, dtype=dtype), "tau,threshold"),
+            _spec.Sample((np.zeros((0, 2), dtype), 3), dict(dtype=dtype), "empty"),
+            _spec.Sample((e, 30), dict(dtype=dtype), "edge"),
+            _spec.Sample((e, 11), dict(linear=True, dtype=dtype), "edge,linear")]
+
+
+def _delta_samples(dtype):
+    """Signals in multiples of 1/16: every difference is exact in float32."""
+    rng = np.random.default_rng(2)
+
+    def q(*shape):
+        return (rng.integers(-16, 17, shape) / 16).astype(dtype)
+
+    e = np.array([[0.0, 1.0, np.nan, np.inf, -np.inf, 1e30],
+                  [np.inf, 1.0, 1.0, np.inf, 0.0, -1e30],
+                  [np.nan, 0.5, 2.0, -np.inf, np.inf, 1e30]], dtype)
+    return [_spec.Sample((q(6, 20),), dict(dtype=dtype), "6x20"),
+            _spec.Sample((q(5, 7), 0.25), dict(off_spike=True, padding=True, dtype=dtype),
+                         "off,padding"),
+            _spec.Sample((q(4, 2, 3), 0.125), dict(off_spike=True, dtype=dtype), "off"),
+            _spec.Sample((q(1, 5),), dict(padding=True, dtype=dtype), "T1,padding"),
+            _spec.Sample((q(7),), dict(dtype=dtype), "1-d"),
+            _spec.Sample((np.zeros((3, 0), dtype),), dict(dtype=dtype), "no-neurons"),
+            _spec.Sample((e, 0.25), dict(off_spike=True, dtype=dtype), "edge")]
+
+
+def _count_samples(dtype):
+    """Float spike trains (float spikes are counted in their own dtype)."""
+    rng = np.random.default_rng(3)
+    return [_spec.Sample(((rng.random(shape) < 0.3).astype(dtype),), {}, f"{shape}")
+            for shape in ((9, 2, 6), (1, 5), (5,), (4, 0), (3, 4))]
+
+
+def _spikes_bad(dtype):
+    return [
+        _spec.Bad((np.ones((4, 3), np.int64),), {}, TypeError, "'spikes'"),
+        _spec.Bad((np.ones((4, 3), np.complex64),), {}, TypeError, "'spikes'"),
+        _spec.Bad((np.ones((), np.uint8),), {}, ValueError, "time-major"),
+        _spec.Bad((np.ones((0, 3), np.uint8),), {}, ValueError, "time-major"),
+        _spec.Bad(([1, 0],), {}, TypeError, "'spikes'")]
+
+
+SPECS = {s.name: s for s in (
+    _spec.OpSpec(
+        "spike_rate", FAMILY, ("rate",), reference="test_neuromorphic:ref_rate",
+        samples=_rate_samples, out=False,
+        bad=_spec.float_only(1, ("x",), defaults=dict(num_steps=4), params=(
+            (dict(num_steps=0), ValueError, "'num_steps'"),
+            (dict(num_steps=2.0), TypeError, "'num_steps' must be an int"),
+            (dict(gain=-1.0), ValueError, "'gain'"),
+            (dict(mode="gauss"), ValueError, "'mode'"),
+            (dict(seed=-1), ValueError, "'seed'"),
+            (dict(seed=2 ** 64), ValueError, r"'seed' must be < 2\*\*64"),
+            (dict(seed=True), TypeError, "'seed' must be an int"),
+            (dict(dtype=np.int64), TypeError, "'dtype'")))),
+    _spec.OpSpec(
+        "spike_latency", FAMILY, ("latency",), reference="test_neuromorphic:ref_latency",
+        samples=_latency_samples, out=False,
+        bad=_spec.float_only(1, ("x",), defaults=dict(num_steps=4), params=(
+            (dict(tau=0.0), ValueError, "'tau'"),
+            (dict(threshold=-1.0), ValueError, "'threshold'"),
+            (dict(linear=1), TypeError, "'linear'"),
+            (dict(num_steps=0), ValueError, "'num_steps'"),
+            (dict(dtype=np.int8), TypeError, "'dtype'")))),
+    _spec.OpSpec(
+        "spike_delta", FAMILY, ("delta",), reference="test_neuromorphic:ref_delta",
+        samples=_delta_samples, out=False,
+        bad=_spec.float_only(1, ("x",), params=(
+            (dict(threshold=0.0), ValueError, "'threshold'"),
+            (dict(off_spike=True, dtype=np.uint8), TypeError, "'dtype'"),
+            (dict(padding="no"), TypeError, "'padding'"),
+            _spec.Bad((np.ones((), np.float32),), {}, ValueError, "time-major")))),
+    _spec.OpSpec(
+        "spike_count", FAMILY, ("spike_count",), reference="test_neuromorphic:ref_spike_count",
+        samples=_count_samples, bad=_spikes_bad, out=False),
+    # int32 steps for every spike dtype: no samples until the op table's
+    # checks take results of a dtype other than the sample's
+    _spec.OpSpec("first_spike_time", FAMILY, ("first_spike_time",),
+                 bad=_spikes_bad, out=False),
+)}
+
+
+@operator(SPECS["spike_rate"])
 def rate(x, num_steps, gain=1.0, *, mode="bernoulli", seed=0, dtype=np.uint8):
     """Rate coding: independent spikes whose probability grows with intensity.
 
@@ -108,13 +221,13 @@ def rate(x, num_steps, gain=1.0, *, mode="bernoulli", seed=0, dtype=np.uint8):
     >>> s.shape, int(s[:, 0].sum()), int(s[:, 2].sum())
     ((100, 3), 0, 100)
     """
-    g = _checks.scalar("rate", "gain", gain, low=0.0)
-    _checks.choice("rate", "mode", mode, ("bernoulli", "poisson"))
-    key = _seed("rate", seed)
-    return _encode("rate", "rate", x, num_steps, dtype, (key, g, mode == "poisson"))
+    g = _checks.scalar("spike_rate", "gain", gain, low=0.0)
+    _checks.choice("spike_rate", "mode", mode, ("bernoulli", "poisson"))
+    key = _seed("spike_rate", seed)
+    return _encode("spike_rate", "rate", x, num_steps, dtype, (key, g, mode == "poisson"))
 
 
-@operator("spike_latency")
+@operator(SPECS["spike_latency"])
 def latency(x, num_steps, *, tau=5.0, threshold=0.01, linear=False, dtype=np.uint8):
     """Latency coding: one spike per neuron, earlier for stronger input.
 
@@ -140,15 +253,15 @@ def latency(x, num_steps, *, tau=5.0, threshold=0.01, linear=False, dtype=np.uin
     >>> nbops.neuromorphic.first_spike_time(s)       # 5: never
     array([0, 2, 5], dtype=int32)
     """
-    tau = _checks.scalar("latency", "tau", tau, low=0.0, low_open=True)
-    thr = _checks.scalar("latency", "threshold", threshold, low=0.0)
+    tau = _checks.scalar("spike_latency", "tau", tau, low=0.0, low_open=True)
+    thr = _checks.scalar("spike_latency", "threshold", threshold, low=0.0)
     if not isinstance(linear, (bool, np.bool_)):
-        raise TypeError(f"latency: argument 'linear' must be a bool, got "
+        raise TypeError(f"spike_latency: argument 'linear' must be a bool, got "
                         f"{_checks.describe(linear)}")
-    return _encode("latency", "latency", x, num_steps, dtype, (tau, thr, bool(linear)))
+    return _encode("spike_latency", "latency", x, num_steps, dtype, (tau, thr, bool(linear)))
 
 
-@operator("spike_delta")
+@operator(SPECS["spike_delta"])
 def delta(x, threshold=0.1, *, padding=False, off_spike=False, dtype=None):
     """Delta modulation: a spike where the signal rose by ``threshold``.
 
@@ -168,19 +281,20 @@ def delta(x, threshold=0.1, *, padding=False, off_spike=False, dtype=None):
     ...                          off_spike=True)[:, 0]
     array([ 0,  1,  0, -1], dtype=int8)
     """
-    x = _checks.array("delta", "x", x)
+    x = _checks.array("spike_delta", "x", x)
     if x.ndim < 1 or x.shape[0] == 0:
-        raise ValueError(f"delta: argument 'x' must be time-major [T, ...] with T >= 1, got "
+        raise ValueError(f"spike_delta: argument 'x' must be time-major [T, ...] with T >= 1, got "
                          f"shape {tuple(x.shape)}")
-    thr = _checks.scalar("delta", "threshold", threshold, low=0.0, low_open=True)
+    thr = _checks.scalar("spike_delta", "threshold", threshold, low=0.0, low_open=True)
     for name, flag in (("padding", padding), ("off_spike", off_spike)):
         if not isinstance(flag, (bool, np.bool_)):
-            raise TypeError(f"delta: argument '{name}' must be a bool, got "
+            raise TypeError(f"spike_delta: argument '{name}' must be a bool, got "
                             f"{_checks.describe(flag)}")
     signed = (np.dtype(np.int8), np.dtype(np.float32), np.dtype(np.float64))
-    d = _storage("delta", dtype if dtype is not None else (np.int8 if off_spike else np.uint8),
+    d = _storage("spike_delta",
+                 dtype if dtype is not None else (np.int8 if off_spike else np.uint8),
                  signed if off_spike else _ANY_SPIKES)
-    dev = _dispatch.resolve_device("delta", x=x)
+    dev = _dispatch.resolve_device("spike_delta", x=x)
     out = _checks.empty(tuple(x.shape), d, dev)
     t = x.shape[0]
     if x.size:
@@ -204,7 +318,7 @@ def _counted(spikes):
     return spikes.view(np.uint8) if spikes.dtype == np.bool_ else spikes
 
 
-@operator("spike_count")
+@operator(SPECS["spike_count"])
 def spike_count(spikes):
     """Spikes per neuron over the time axis (rate decoding).
 
@@ -227,7 +341,7 @@ def spike_count(spikes):
     return out
 
 
-@operator("first_spike_time")
+@operator(SPECS["first_spike_time"])
 def first_spike_time(spikes):
     """Step of each neuron's first spike (latency decoding); ``T`` where a
     neuron never fires.
