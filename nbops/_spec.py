@@ -158,9 +158,11 @@ class OpSpec:
         inputs ``out`` may be.
     strided : tuple, optional
         The positional inputs that may have any strides (default: every one).
+    out_result : int or str
+        Which part of a tuple or dict result ``out=`` receives.
     exempt : str
-        Why the op table cannot run this operator's samples (a random
-        result, say), where it declares none: its family's tests must.
+        Why the op table cannot run this operator's samples (it takes a
+        function, say), where it declares none: its family's tests must.
     bench : tuple of Bench
     """
 
@@ -178,6 +180,7 @@ class OpSpec:
     out: bool = True
     inplace: tuple = ()
     strided: Optional[tuple] = None
+    out_result: object = 0
     exempt: str = ""
     bench: tuple = ()
 
@@ -188,13 +191,15 @@ class OpSpec:
 
 def arrays_in(args):
     """The arrays among a call's arguments, those inside list/tuple
-    arguments too (``cat``'s list of arrays)."""
+    arguments (``cat``'s list of arrays) and QTensors' values too."""
     out = []
     for a in args:
         if isinstance(a, np.ndarray):
             out.append(a)
         elif isinstance(a, (list, tuple)):
             out += arrays_in(a)
+        elif isinstance(getattr(a, "values", None), np.ndarray):  # a QTensor
+            out.append(a.values)
     return out
 
 
@@ -203,7 +208,8 @@ def map_arrays(fn, v):
     if isinstance(v, np.ndarray):
         return fn(v)
     if isinstance(v, (list, tuple)):
-        return type(v)(map_arrays(fn, a) for a in v)
+        items = [map_arrays(fn, a) for a in v]
+        return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
     return v
 
 

@@ -70,6 +70,9 @@ def check_forward(op, reference, dtype, device):
     shape and dtype."""
     op = _operator(op)
     spec = op.spec
+    if np.dtype(dtype) not in spec.dtypes:
+        raise ValueError(f"check_forward: {spec.name} takes {[str(d) for d in spec.dtypes]}, "
+                         f"not {np.dtype(dtype)}")
     for s in samples(op, dtype, device):
         try:
             with np.errstate(all="ignore"):
@@ -91,15 +94,15 @@ def check_out(op, reference, device):
     s = main_sample(op)
     want = expected(reference, s)
     kwargs = _moved_kwargs(s.kwargs, device)
-    out = to_device(np.empty(_parts(want)[0].shape, np.float64), device)
+    out = to_device(np.empty(_out_part(spec, want).shape, np.float64), device)
     got = op(*_moved(s.args, device), **kwargs, out=out)
-    assert _parts(got)[0] is out, f"{spec.name}: out= was not returned"
+    assert _out_part(spec, got) is out, f"{spec.name}: out= was not returned"
     _compare(spec, np.float64, got, want, f"{spec.name}: out=")
     for i in spec.inplace:
         args = list(_moved(s.args, device))
         args[i] = to_device(s.args[i].copy(), device)
         got = op(*args, **kwargs, out=args[i])
-        assert _parts(got)[0] is args[i], f"{spec.name}: out=args[{i}] was not returned"
+        assert _out_part(spec, got) is args[i], f"{spec.name}: out=args[{i}] was not returned"
         _compare(spec, np.float64, got, want, f"{spec.name}: out=args[{i}]")
 
 
@@ -110,7 +113,7 @@ def check_out_errors(op, reference, device):
     op = _operator(op)
     name = op.spec.name
     s = main_sample(op, np.float32)
-    shape = _parts(expected(reference, s))[0].shape
+    shape = _out_part(op.spec, expected(reference, s)).shape
     args, kwargs = _moved(s.args, device), _moved_kwargs(s.kwargs, device)
 
     def call(out, moved=args):
@@ -127,8 +130,8 @@ def check_out_errors(op, reference, device):
                 call(to_device(np.empty(shape, np.float32), other)))
     if device != "cpu":
         return
-    first, inner, x = next(_array_positions(s.args))
-    if x.ndim >= 2 and x.shape == shape:
+    first, inner, x = next(_array_positions(s.args), (None, None, None))
+    if x is not None and x.ndim >= 2 and x.shape == shape:
         _raises(ValueError, f"{name}: .*C-contiguous",
                 call(np.empty(shape[::-1], np.float32).T))
         ro = np.empty(shape, np.float32)
@@ -157,7 +160,7 @@ def check_strided(op, device):
             before = view.copy()
             args = _replaced(s.args, i, j, view)
             got = to_numpy(op(*_moved(args, device), **kwargs))
-            for g, w in zip(_parts(got), _parts(want)):
+            for (_, g), (_, w) in zip(_parts(got), _parts(want)):
                 np.testing.assert_allclose(g, w, rtol=spec.tol[np.dtype(np.float32)][0],
                                            err_msg=f"{spec.name}: input {i} with strides "
                                                    f"{view.strides}")
@@ -173,8 +176,9 @@ def check_bad_inputs(op, device):
     spec = op.spec
 
     def moved(a):
-        return to_device(a, device) if isinstance(a, np.ndarray) and a.dtype.kind in "fiub" \
-            else a
+        if isinstance(a, np.ndarray):
+            return to_device(a, device) if a.dtype.kind in "fiub" else a
+        return _moved_value(a, device)
 
     for b in spec.bad(np.float32):
         args = tuple(moved(a) for a in b.args)
@@ -267,10 +271,15 @@ def to_device(x, device):
 def to_numpy(y):
     """A NumPy copy of ``y`` wherever it lives (tuples and lists element by
     element; Python scalars and None pass through)."""
+    if isinstance(y, dict):
+        return {k: to_numpy(v) for k, v in y.items()}
     if isinstance(y, (tuple, list)):
-        return type(y)(to_numpy(v) for v in y)
+        items = [to_numpy(v) for v in y]
+        return type(y)(*items) if hasattr(y, "_fields") else type(y)(items)
     if isinstance(y, (float, int)) or y is None:
         return y
+    if _movable(y):
+        return y.to_host()
     return np.asarray(_dispatch.to_host(y))
 
 
@@ -279,33 +288,85 @@ def _operator(op):
 
 
 def _moved(args, device):
-    return tuple(_map_arrays(lambda a: to_device(a, device), a) for a in args)
+    return tuple(_moved_value(a, device) for a in args)
 
 
 def _moved_kwargs(kwargs, device):
-    return {k: _map_arrays(lambda a: to_device(a, device), v) for k, v in kwargs.items()}
+    return {k: _moved_value(v, device) for k, v in kwargs.items()}
 
 
-def _parts(result):
-    return result if isinstance(result, tuple) else (result,)
+def _moved_value(v, device):
+    """``v`` on ``device``: arrays (inside lists too), and values that move
+    themselves (a QTensor's ``to_device``)."""
+    if device != "cpu" and _movable(v):
+        return v.to_device()
+    return _map_arrays(lambda a: to_device(a, device), v)
+
+
+def _movable(v):
+    """A value that carries arrays and moves itself (nbops.quant.QTensor)."""
+    return hasattr(v, "to_device") and hasattr(v, "to_host") and hasattr(v, "values")
+
+
+def _parts(result, label=""):
+    """``[(label, leaf)]`` of a result: tuples (named ones too) and dicts
+    (by key) flattened, so that results of any structure compare leaf by leaf."""
+    if isinstance(result, dict):
+        return [p for k in sorted(result) for p in _parts(result[k], f"{label}[{k!r}]")]
+    if isinstance(result, tuple):
+        return [p for i, v in enumerate(result) for p in _parts(v, f"{label}[{i}]")]
+    return [(label, result)]
+
+
+def _out_part(spec, result):
+    """The part of a result that ``out=`` receives (``spec.out_result``: an
+    index of a tuple or a key of a dict)."""
+    if isinstance(result, (tuple, dict)):
+        return result[spec.out_result]
+    return result
 
 
 def _compare(spec, dtype, got, want, label):
     """``got`` (arrays of ``dtype``) against the float64 reference rounded to
     ``dtype``, so that both overflow and underflow alike."""
     rtol, atol = spec.tol[np.dtype(dtype)]
-    assert len(_parts(got)) == len(_parts(want)), \
-        f"{label}: {len(_parts(got))} results, expected {len(_parts(want))}"
-    for g, w in zip(_parts(got), _parts(want)):
+    got, want = _parts(got), _parts(want)
+    assert [k for k, _ in got] == [k for k, _ in want], \
+        f"{label}: results {[k for k, _ in got]}, expected {[k for k, _ in want]}"
+    for (part, g), (_, w) in zip(got, want):
+        lbl = label + part
         g = to_numpy(g)
+        if _movable(w):
+            _compare_carrier(g, w, lbl)
+            continue
+        if isinstance(w, np.ndarray) and w.dtype.kind in "iub":
+            # integer and bool results are exact, in the reference's dtype
+            assert g.dtype == w.dtype, f"{lbl}: dtype {g.dtype}, expected {w.dtype}"
+            np.testing.assert_array_equal(g, w, err_msg=lbl)
+            continue
         if isinstance(w, np.ndarray):
             with np.errstate(all="ignore"):
                 w = w.astype(dtype).astype(np.float64)
-            assert g.shape == w.shape, f"{label}: shape {g.shape}, expected {w.shape}"
-            assert g.dtype == dtype, f"{label}: dtype {g.dtype}, expected {np.dtype(dtype)}"
-            np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=f"{label}: NaN")
+            assert g.shape == w.shape, f"{lbl}: shape {g.shape}, expected {w.shape}"
+            assert g.dtype == dtype, f"{lbl}: dtype {g.dtype}, expected {np.dtype(dtype)}"
+            np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=f"{lbl}: NaN")
         np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=rtol, atol=atol,
-                                   equal_nan=True, err_msg=label)
+                                   equal_nan=True, err_msg=lbl)
+
+
+def _compare_carrier(g, w, label):
+    """A value that carries arrays (a QTensor) against the reference's: the
+    same type, values bit for bit, and the same other attributes."""
+    assert type(g) is type(w), f"{label}: {type(g).__name__}, expected {type(w).__name__}"
+    gv, wv = to_numpy(g.values), np.asarray(w.values)
+    assert gv.dtype == wv.dtype and gv.shape == wv.shape, \
+        f"{label}: values {gv.dtype}{gv.shape}, expected {wv.dtype}{wv.shape}"
+    np.testing.assert_array_equal(gv, wv, err_msg=f"{label}: values")
+    for name in getattr(type(w), "__slots__", ()):
+        if name != "values":
+            np.testing.assert_array_equal(np.asarray(getattr(g, name), dtype=object),
+                                          np.asarray(getattr(w, name), dtype=object),
+                                          err_msg=f"{label}: {name}")
 
 
 def _raises(error, pattern, call):
