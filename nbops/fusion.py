@@ -644,6 +644,7 @@ def _is_array(a):
 #: calls only (tests/test_fusion.py checks the functions it makes).
 SPEC = _spec.OpSpec(
     "fuse", FAMILY, ("run",), out=False,
+    exempt="takes a function and returns a compiled one: tests/test_fusion.py checks those",
     bad=lambda dtype: [_spec.Bad(*b) for b in (
         ((3,), {}, TypeError, "fn must be callable"),
         ((abs,), dict(reduce="min"), ValueError, "'reduce' must be one of 'sum', 'mean', 'max'"),
