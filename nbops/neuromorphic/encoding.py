@@ -139,6 +139,21 @@ def _count_samples(dtype):
             for shape in ((9, 2, 6), (1, 5), (5,), (4, 0), (3, 4))]
 
 
+def _first_samples(dtype):
+    """Spike trains of every storage dtype (the result is int32 for all),
+    neurons that never fire among them, and float spikes of any nonzero
+    value."""
+    rng = np.random.default_rng(4)
+    s = [(rng.random(shape) < 0.2) for shape in ((9, 2, 6), (1, 5), (5,), (4, 0), (12, 10))]
+    e = np.array([[0.0, -0.0, 0.0, 0.0, 0.0], [0.0, 0.5, -1.0, 0.0, 0.0],
+                  [0.0, 1.0, 0.0, 2.0, 0.0]], dtype)
+    return ([_spec.Sample((a.astype(dtype),), {}, f"{a.shape}") for a in s]
+            + [_spec.Sample((s[0].astype(np.uint8),), {}, "uint8"),
+               _spec.Sample((s[4].astype(np.bool_),), {}, "bool"),
+               _spec.Sample((s[4].astype(np.int8),), {}, "int8"),
+               _spec.Sample((e,), {}, "edge")])
+
+
 def _spikes_bad(dtype):
     return [
         _spec.Bad((np.ones((4, 3), np.int64),), {}, TypeError, "'spikes'"),
@@ -181,9 +196,9 @@ SPECS = {s.name: s for s in (
     _spec.OpSpec(
         "spike_count", FAMILY, ("spike_count",), reference="test_neuromorphic:ref_spike_count",
         samples=_count_samples, bad=_spikes_bad, out=False),
-    # int32 steps for every spike dtype: no samples until the op table's
-    # checks take results of a dtype other than the sample's
+    # int32 steps for every spike dtype (compared exactly)
     _spec.OpSpec("first_spike_time", FAMILY, ("first_spike_time",),
+                 reference="test_neuromorphic:ref_first_spike_time", samples=_first_samples,
                  bad=_spikes_bad, out=False),
 )}
 
