@@ -413,7 +413,8 @@ def _replaced(args, i, j, value):
     else:
         items = list(args[i])
         items[j] = value
-        args[i] = type(args[i])(items)
+        kind = type(args[i])
+        args[i] = kind(*items) if hasattr(kind, "_fields") else kind(items)
     return args
 
 
