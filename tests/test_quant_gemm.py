@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from helpers import host, to_dev
-from nbops import testing as checks
 from nbops.quant import QTensor
 from nbops.quant import _requant as R
 
@@ -96,6 +95,99 @@ def _requant_ref(acc, real, zp, dtype, requant):
     mult, shift = R.quantize_multipliers(real)
     shape = np.shape(real)
     return ref_requant_fixed(acc, mult.reshape(shape), shift.reshape(shape), zp, qmin, qmax)
+
+
+# The op table's references (nbops/quant/linear.py names them): each op's
+# arguments as the table passes them (int arrays as float64: cast back),
+# its result as the op returns it.
+
+
+def _ints64(v):
+    return np.asarray(v).astype(np.int64)
+
+
+def _unpromoted(acc, a_ndim, b_ndim):
+    """``acc`` of the 2-D-promoted operands without the unit axes of a 1-D
+    ``a`` (a row) or ``b`` (a column), as ``np.matmul`` drops them."""
+    if a_ndim == 1:
+        acc = acc[..., 0, :]
+    if b_ndim == 1:
+        acc = acc[..., 0]
+    return acc
+
+
+def ref_op_matmul_integer(a, b, a_zero_point=0, b_zero_point=0):
+    a, b = _ints64(a), _ints64(b)
+    a2 = a[None] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    acc = ref_matmul_integer(a2, b2, _ints64(a_zero_point), _ints64(b_zero_point))
+    return _unpromoted(acc, a.ndim, b.ndim).astype(np.int32)
+
+
+def ref_op_matmul(qa, qb, out_scale, out_zero_point, out_dtype=None, requant="fixed"):
+    odt = np.dtype(qa.dtype if out_dtype is None else out_dtype)
+    a, b = qa.values, qb.values
+    a2 = a[None] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    acc = ref_matmul_integer(a2, b2, qa.zero_point, qb.zero_point)
+    sb = np.broadcast_to(np.asarray(qb.scale, np.float32), (b2.shape[-1],))
+    v = _requant_ref(acc, _real(qa.scale, sb, out_scale), out_zero_point, odt, requant)
+    return QTensor(np.asarray(_unpromoted(v, a.ndim, b.ndim)).astype(odt), out_scale,
+                   out_zero_point)
+
+
+def _finish(acc, bias, s_in, qw, out_scale, out_zero_point, out_dtype, default, requant,
+            channel_axis):
+    """linear's and conv2d's epilogue on the int64 ``acc``: ``+ bias``, then
+    float32 ``acc * (s_in * s_w)`` (no output scale) or requantized."""
+    oc = qw.shape[0]
+    where = [1] * acc.ndim
+    where[channel_axis] = oc
+    if bias is not None:
+        acc = acc + _ints64(bias).reshape(where)
+    sw = np.broadcast_to(np.asarray(qw.scale, np.float32), (oc,))
+    if out_scale is None:
+        return acc.astype(np.float32) * (np.float32(s_in) * sw).reshape(where)
+    odt = np.dtype(default if out_dtype is None else out_dtype)
+    v = _requant_ref(acc, _real(s_in, sw, out_scale).reshape(where), out_zero_point, odt,
+                     requant)
+    return QTensor(v.astype(odt), out_scale, out_zero_point)
+
+
+def ref_op_linear(x, w, bias=None, out_scale=None, out_zero_point=None, out_dtype=None,
+                  requant="fixed"):
+    n, k = w.shape
+    acc = ref_matmul_integer(x.values.reshape(-1, k), w.values.T, x.zero_point, w.zero_point)
+    return _finish(acc.reshape(x.shape[:-1] + (n,)), bias, x.scale, w, out_scale,
+                   out_zero_point, out_dtype, x.dtype, requant, -1)
+
+
+def ref_op_linear_dynamic(x, w, bias=None):
+    """x quantized to uint8 over its range extended to 0 (the division in
+    float32, as quantize_per_tensor's), then ``acc * (s_x * s_w) + bias`` in
+    float32."""
+    x = x.astype(np.float32)
+    lo = min(float(x.min()), 0.0) if x.size else 0.0
+    hi = max(float(x.max()), 0.0) if x.size else 0.0
+    scale = (hi - lo) / 255.0 if hi > lo else 1.0
+    zp = int(min(255, max(0, round(-lo / scale))))
+    xq = np.clip(np.rint(x / np.float32(scale)).astype(np.float64) + zp, 0, 255)
+    n, k = w.shape
+    acc = ref_matmul_integer(xq.astype(np.int64).reshape(-1, k), w.values.T, zp, w.zero_point)
+    sw = np.broadcast_to(np.asarray(w.scale, np.float32), (n,))
+    out = acc.astype(np.float32) * (np.float32(scale) * sw)
+    if bias is not None:
+        out = out + bias.astype(np.float32)
+    return out.reshape(x.shape[:-1] + (n,))
+
+
+def ref_op_conv2d(qx, qw, bias=None, stride=1, padding=0, dilation=1, groups=1,
+                  out_scale=None, out_zero_point=None, out_dtype=None, requant="fixed"):
+    pair = lambda v: tuple(v) if isinstance(v, (tuple, list)) else (v, v)  # noqa: E731
+    acc = ref_conv(qx.values, qx.zero_point, qw.values, qw.zero_point, pair(stride),
+                   pair(padding), pair(dilation), groups)
+    return _finish(acc, bias, qx.scale, qw, out_scale, out_zero_point, out_dtype, qx.dtype,
+                   requant, 1)
 
 
 def _ints(shape, dtype):
@@ -183,6 +275,25 @@ def test_matmul_integer(device, case):
         want = want[..., 0]
     assert host(got).dtype == np.int32
     np.testing.assert_array_equal(host(got), want)
+
+
+def test_matmul_integer_out(device):
+    # the op table's out= checks pass float arrays: the int32 out= is checked here
+    a, b = _ints((5, 9), np.uint8), _ints((9, 4), np.int8)
+    ad, bd = to_dev(a, device), to_dev(b, device)
+    out = to_dev(np.empty((5, 4), np.int32), device)
+    assert Q.matmul_integer(ad, bd, 3, -2, out=out) is out
+    np.testing.assert_array_equal(host(out), ref_matmul_integer(a, b, 3, -2))
+    with pytest.raises(ValueError, match="quant.matmul_integer: argument 'out' must have "
+                                         "shape"):
+        Q.matmul_integer(ad, bd, out=to_dev(np.empty((4, 5), np.int32), device))
+    with pytest.raises(TypeError, match="quant.matmul_integer: argument 'out' must be int32, "
+                                        "got float32"):
+        Q.matmul_integer(ad, bd, out=to_dev(np.empty((5, 4), np.float32), device))
+    with pytest.raises(TypeError, match="quant.matmul_integer: arguments are on different "
+                                        "devices"):
+        Q.matmul_integer(ad, bd, out=to_dev(np.empty((5, 4), np.int32),
+                                            "cuda" if device == "cpu" else "cpu"))
 
 
 def test_matmul_integer_strided_operands():
@@ -414,29 +525,10 @@ def test_vnni_kernel_emits_vpdpbusd():
 
 
 # ---------------------------------------------------------------------------
-# Bad input
-
-@pytest.mark.parametrize("name", list(Q.SPECS))
-def test_bad_inputs(name, device):
-    # the specs' bad inputs (nbops/quant/linear.py): the op table runs them
-    # only for operators with samples, and these have none (their results
-    # are int32 arrays, QTensors, or float32 whatever the inputs)
-    checks.check_bad_inputs(name, device)
-
-
-QX = QTensor(np.zeros((2, 8), np.uint8), 0.1, 0)
-QW = QTensor(np.zeros((3, 8), np.int8), 0.1, 0)
-
+# Errors of what is not an operator (the operators' bad calls are in their
+# specs, run by the op table)
 
 @pytest.mark.parametrize("call,exc,match", [
-    # raised after the device check: a spec's bad call cannot hold these, since
-    # on CUDA nbops.testing moves its arrays but not its QTensors
-    (lambda: Q.linear(QX, QW, np.zeros(3, np.float32)), TypeError, "int32"),
-    (lambda: Q.linear(QX, QW, np.zeros(4, np.int32)), ValueError, "'bias' must have shape"),
-    (lambda: Q.linear_dynamic(np.zeros((2, 7), np.float32), QW), ValueError, "input features"),
-    (lambda: Q.linear_dynamic(np.full((2, 8), np.nan, np.float32), QW), ValueError,
-     "non-finite"),
-    # not operators
     (lambda: Q.pack_weight(np.zeros((3, 8), np.int8)), TypeError, "wrap integer values"),
     (lambda: Q.pack_weight(QTensor(np.zeros((3, 8, 2), np.int8), 0.1, 0)), ValueError,
      "2-D \\(linear\\) or 4-D"),

@@ -67,10 +67,187 @@ _QDTYPES = tuple(QTYPES)
 # ---------------------------------------------------------------------------
 # Declarations
 #
-# The op table compares results as float arrays, so only dequantize (a
-# QTensor in, a float array out) has samples; the operators that return
-# QTensors declare their bad inputs, which tests/test_quant.py runs through
-# nbops.testing.check_bad_inputs.
+# Every operator has samples: QTensor arguments go to the device whole
+# (QTensor.to_device), QTensor results compare as values bit for bit with
+# equal parameters, and the references (tests/test_quant.py) are the
+# integer-exact ones its accuracy tests use. Operators that take no float
+# array (all but the quantizers and dequantize) declare float32 only: their
+# samples do not depend on the dtype, and run once.
+
+#: quantizer inputs: ties at every half step, saturation both ways around
+#: the int8 and uint8 ranges, signed zeros, huge values, infinities, NaN
+_QUANTIZE_EDGE = tuple(np.arange(-6, 6) + 0.5) + (
+    0.0, -0.0, 1e30, -1e30, np.inf, -np.inf, np.nan, 127.49, 127.5, 128.5, -128.5, -129.5,
+    255.5, 256.5)
+
+
+def _random_q(rng, shape, qdtype, scale, zero_point, axis=None):
+    """A QTensor of values drawn over the whole range of ``qdtype``."""
+    lo, hi = QTYPES[np.dtype(qdtype)]
+    values = np.asarray(rng.integers(lo, hi + 1, shape), qdtype)  # 0-d stays an array
+    return QTensor(values, scale, zero_point, axis)
+
+
+def _near_ties(scale, dtype):
+    """128 values ``(k + 1/2) * scale`` rounded to ``dtype``: their quotients
+    by ``scale`` round to either side of the tie depending on the precision
+    of the division (and of the scale)."""
+    return ((np.arange(-64, 64) + 0.5) * float(scale)).astype(dtype)
+
+
+def _quantize_per_tensor_samples(dtype):
+    """Every rank (empty and 0-d too) and both types, values that saturate
+    at either end, values whose quotients lie within rounding of a tie
+    (where the division's precision decides), then the edge values at
+    scales 1 and 0.5 (exact divisions: the ties stay ties). The scale is
+    given in x's type, as ONNX's QuantizeLinear takes it (the reference
+    divides in its type)."""
+    rng = np.random.default_rng(1)
+    t = np.dtype(dtype).type
+    out = []
+    for shape, qdtype, scale, zp in (((0,), np.int8, 0.5, 0), ((), np.uint8, 0.1, 128),
+                                     ((1,), np.int8, 0.25, -3), ((97,), np.int8, 0.037, -5),
+                                     ((5, 19), np.uint8, 0.07, 200),
+                                     ((2, 3, 4, 5), np.int8, 0.013, 127),
+                                     ((1000,), np.uint8, 0.041, 17)):
+        x = np.asarray(rng.standard_normal(shape) * 3, dtype)
+        out.append(_spec.Sample((x, t(scale), zp, qdtype), {},
+                                f"{shape}{np.dtype(qdtype).name}"))
+    out.append(_spec.Sample((_near_ties(0.1, dtype), t(0.1), 0, np.int8), {}, "near-ties"))
+    edge = np.array(_QUANTIZE_EDGE, dtype)
+    for qdtype, scale, zp in ((np.int8, 1.0, 0), (np.uint8, 1.0, 128), (np.int8, 0.5, -128),
+                              (np.uint8, 0.5, 255)):
+        out.append(_spec.Sample((edge, t(scale), zp, qdtype), {},
+                                f"edge-{np.dtype(qdtype).name}-{scale}"))
+    return out
+
+
+def _quantize_per_channel_samples(dtype):
+    """Per channel along the first, a middle and the last axis (a negative
+    axis too), 1-D, no channels and empty channels, then the edge values at
+    exact scales. Scales are given in x's type and zero points as lists
+    (quantization parameters stay on the host)."""
+    rng = np.random.default_rng(2)
+    t = np.dtype(dtype).type
+    out = []
+    for shape, axis, qdtype in (((4, 6), 0, np.uint8), ((4, 6), -1, np.int8),
+                                ((2, 3, 5), 1, np.int8), ((5,), 0, np.uint8),
+                                ((3, 0), 0, np.int8), ((0, 3), 1, np.uint8),
+                                ((20, 30), 1, np.int8)):
+        lo, hi = QTYPES[np.dtype(qdtype)]
+        c = shape[axis]
+        x = np.asarray(rng.standard_normal(shape) * 3, dtype)
+        scales = [t(s) for s in rng.uniform(0.01, 0.5, c)]
+        zps = [int(z) for z in rng.integers(lo, hi + 1, c)]
+        out.append(_spec.Sample((x, scales, zps, axis, qdtype), {},
+                                f"{shape}axis={axis}{np.dtype(qdtype).name}"))
+    ties = np.stack([_near_ties(np.float32(0.1), dtype), _near_ties(np.float32(0.037), dtype)])
+    out.append(_spec.Sample((ties[:, ::2].copy(), [t(0.1), t(0.037)], [0, 0], 0, np.int8), {},
+                            "near-ties"))
+    edge = np.array(_QUANTIZE_EDGE, dtype).reshape(2, 13)
+    out.append(_spec.Sample((edge, [t(1.0), t(0.5)], [0, -3], 0, np.int8), {}, "edge-int8"))
+    out.append(_spec.Sample((edge.T.copy(), [t(1.0), t(0.25)], [128, 0], 1, np.uint8), {},
+                            "edge-uint8"))
+    return out
+
+
+#: shapes of the elementwise samples: empty, 0-d, one element, odd sizes,
+#: several ranks, and one too large for the simulated CUDA rows
+_Q_SHAPES = ((0,), (), (1,), (97,), (5, 19), (2, 3, 4, 5), (3000,))
+
+
+def _add_samples(dtype):
+    """Both types over ``_Q_SHAPES``, each requantized both ways to a
+    different output (scale, zero point); then extreme values against zero
+    points at the other end of the range, with input scales far apart and an
+    output scale that saturates both ways."""
+    rng = np.random.default_rng(3)
+    out = []
+    for i, shape in enumerate(_Q_SHAPES):
+        qdtype = (np.int8, np.uint8)[i % 2]
+        lo, hi = QTYPES[np.dtype(qdtype)]
+        qa = _random_q(rng, shape, qdtype, 0.037, int(rng.integers(lo, hi + 1)))
+        qb = _random_q(rng, shape, qdtype, 0.0113, int(rng.integers(lo, hi + 1)))
+        so, zo = ((0.05, 3), (0.021, lo + 40), (1.3, 0))[i % 3]
+        for requant in ("fixed", "float"):
+            out.append(_spec.Sample((qa, qb, so, zo), dict(requant=requant),
+                                    f"{shape}{np.dtype(qdtype).name},{requant}"))
+    for qdtype in (np.int8, np.uint8):
+        lo, hi = QTYPES[np.dtype(qdtype)]
+        ends = np.array([lo, hi, lo, hi, lo + 1, hi - 1, (lo + hi) // 2], qdtype)
+        qa = QTensor(ends, 2.5, lo)
+        qb = QTensor(ends[::-1].copy(), 0.002, hi)
+        for so, zo in ((0.01, (lo + hi) // 2), (5.0, hi), (1e-3, lo)):
+            for requant in ("fixed", "float"):
+                out.append(_spec.Sample((qa, qb, so, zo), dict(requant=requant),
+                                        f"edge-{np.dtype(qdtype).name},{so},{requant}"))
+    return out
+
+
+def _relu_samples(dtype):
+    """Both types over ``_Q_SHAPES``, zero points at either end of the range
+    and inside it."""
+    rng = np.random.default_rng(4)
+    out = []
+    for i, shape in enumerate(_Q_SHAPES):
+        qdtype = (np.int8, np.uint8)[i % 2]
+        lo, hi = QTYPES[np.dtype(qdtype)]
+        zp = (lo, hi, int(rng.integers(lo, hi + 1)))[i % 3]
+        out.append(_spec.Sample((_random_q(rng, shape, qdtype, 0.1, zp),), {},
+                                f"{shape}{np.dtype(qdtype).name},zp={zp}"))
+    return out
+
+
+def _max_pool2d_samples(dtype):
+    """torch.nn.MaxPool2d's window rules: strides, padding, dilation and
+    ceil_mode (a last window that starts in the input), the default stride,
+    pairs of sizes, both types; one input too large for the CUDA rows."""
+    rng = np.random.default_rng(5)
+    small = _random_q(rng, (1, 2, 7, 6), np.uint8, 0.2, 100)
+    signed = _random_q(rng, (2, 1, 5, 8), np.int8, 0.05, -7)
+    large = _random_q(rng, (2, 3, 9, 11), np.int8, 0.3, 0)
+    cases = ((small, 2, {}), (small, 3, dict(stride=2, padding=1)),
+             (small, 3, dict(stride=2, padding=1, ceil_mode=True)),
+             (small, 2, dict(stride=1, padding=1, dilation=2)),
+             (signed, (2, 3), dict(stride=(1, 2), padding=(1, 0))),
+             (signed, (3, 2), dict(stride=2, dilation=(2, 1), ceil_mode=True)),
+             (signed, 1, {}), (large, 3, dict(stride=2, padding=1, ceil_mode=True)))
+    return [_spec.Sample((q, k), kw, f"{q.shape}{q.dtype.name},k={k}{kw}")
+            for q, k, kw in cases]
+
+
+def _avg_pool_inputs():
+    rng = np.random.default_rng(6)
+    return (_random_q(rng, (1, 2, 5, 7), np.int8, 0.05, -4),
+            _random_q(rng, (2, 1, 6, 4), np.uint8, 0.02, 131),
+            QTensor(np.full((1, 1, 3, 5), 127, np.int8), 1.5, -128),
+            _random_q(rng, (2, 3, 5, 7), np.int8, 0.05, 9))
+
+
+def _adaptive_avg_pool2d_samples(dtype):
+    """Windows of PyTorch's rule (overlapping and of several sizes, one per
+    element, one over everything), q's own output parameters and others,
+    both requantizations, both types; a saturating input; one input too
+    large for the CUDA rows."""
+    signed, unsigned, full, large = _avg_pool_inputs()
+    cases = ((signed, 1, None, None), (signed, (2, 3), 0.02, 10), (signed, (3, 2), None, None),
+             (signed, (5, 7), 0.1, 0), (unsigned, (4, 3), None, None),
+             (unsigned, (5, 2), 0.011, 0), (full, (2, 2), 0.5, 0), (large, (2, 3), 0.02, 10))
+    return [_spec.Sample((q, size, so, zo), dict(requant=requant),
+                         f"{q.shape}{q.dtype.name}->{size},{so},{requant}")
+            for q, size, so, zo in cases for requant in ("fixed", "float")]
+
+
+def _global_avg_pool2d_samples(dtype):
+    """q's own output parameters and others, both requantizations, both
+    types, a saturating input, one input too large for the CUDA rows."""
+    signed, unsigned, full, large = _avg_pool_inputs()
+    cases = ((signed, {}), (signed, dict(scale=0.02, zero_point=10)), (unsigned, {}),
+             (unsigned, dict(scale=0.003, zero_point=255)), (full, dict(scale=0.5)),
+             (large, dict(zero_point=-100)))
+    return [_spec.Sample((q,), dict(kw, requant=requant),
+                         f"{q.shape}{q.dtype.name},{kw},{requant}")
+            for q, kw in cases for requant in ("fixed", "float")]
 
 
 def _dequantize_samples(dtype):
@@ -81,9 +258,7 @@ def _dequantize_samples(dtype):
     rng = np.random.default_rng(0)
 
     def q(shape, qdtype, scale, zero_point, axis=None):
-        lo, hi = QTYPES[np.dtype(qdtype)]
-        values = np.asarray(rng.integers(lo, hi + 1, shape), qdtype)  # 0-d stays an array
-        return QTensor(values, scale, zero_point, axis)
+        return _random_q(rng, shape, qdtype, scale, zero_point, axis)
 
     cases = [(q((0,), np.int8, 0.5, 0), "empty"), (q((), np.uint8, 0.1, 128), "0-d"),
              (q((1,), np.int8, 0.25, -3), "(1,)"), (q((97,), np.int8, 0.037, -5), "(97,)"),
@@ -207,25 +382,40 @@ def _quant_spec(name, kernels, bad, **fields):
     return _spec.OpSpec(f"quant.{name}", FAMILY, kernels, bad=_lazy_bad(bad), **fields)
 
 
-# out= (where taken) receives a QTensor's values; the out= checks compare float arrays
+def _ref(name):
+    return f"test_quant:ref_{name}"
+
+
+# The quantizers take out= for the QTensor's int8/uint8 values, and the
+# op table's out= checks pass float64 arrays and want ``out`` itself back:
+# their out= is tested in test_quant.py. Their results are QTensors, which
+# the strided check cannot compare, and CUDA takes only C-contiguous x:
+# no strided inputs. QTensor arguments are not strided-checked.
 SPECS = {s.name: s for s in (
-    _quant_spec("quantize_per_tensor", ("quantize",), _quantize_per_tensor_bad),
-    _quant_spec("quantize_per_channel", ("quantize",), _quantize_per_channel_bad),
+    _quant_spec("quantize_per_tensor", ("quantize",), _quantize_per_tensor_bad,
+                reference=_ref("quantize_per_tensor"), samples=_quantize_per_tensor_samples,
+                out=False, strided=()),
+    _quant_spec("quantize_per_channel", ("quantize",), _quantize_per_channel_bad,
+                reference=_ref("quantize_per_channel"),
+                samples=_quantize_per_channel_samples, out=False, strided=()),
     _quant_spec("dequantize", ("dequantize",), _dequantize_bad,
-                reference="test_quant:ref_dequantize", samples=_dequantize_samples,
+                reference=_ref("dequantize"), samples=_dequantize_samples,
                 # exact: the integer difference times the scale, rounded once
-                tol={_spec.F32: (0.0, 0.0), _spec.F64: (0.0, 0.0)},
-                # out= is taken, but the out= checks need an array argument
-                # and move none of a QTensor to CUDA
-                out=False),
-    _quant_spec("add", ("add",), _add_bad, out=False),
-    _quant_spec("add_relu", ("add",), _add_bad, out=False),
-    _quant_spec("relu", ("relu",), _relu_bad, out=False),
-    _quant_spec("max_pool2d", ("max_pool2d",), _max_pool2d_bad, out=False),
-    _quant_spec("adaptive_avg_pool2d", ("adaptive_avg_pool2d",),
-                _adaptive_avg_pool2d_bad, out=False),
-    _quant_spec("global_avg_pool2d", ("adaptive_avg_pool2d",),
-                _global_avg_pool2d_bad, out=False),
+                tol={_spec.F32: (0.0, 0.0), _spec.F64: (0.0, 0.0)}),
+    _quant_spec("add", ("add",), _add_bad, reference=_ref("add"), samples=_add_samples,
+                dtypes=(_spec.F32,), out=False),
+    _quant_spec("add_relu", ("add",), _add_bad, reference=_ref("add_relu"),
+                samples=_add_samples, dtypes=(_spec.F32,), out=False),
+    _quant_spec("relu", ("relu",), _relu_bad, reference=_ref("relu"), samples=_relu_samples,
+                dtypes=(_spec.F32,), out=False),
+    _quant_spec("max_pool2d", ("max_pool2d",), _max_pool2d_bad, reference=_ref("max_pool2d"),
+                samples=_max_pool2d_samples, dtypes=(_spec.F32,), out=False),
+    _quant_spec("adaptive_avg_pool2d", ("adaptive_avg_pool2d",), _adaptive_avg_pool2d_bad,
+                reference=_ref("adaptive_avg_pool2d"), samples=_adaptive_avg_pool2d_samples,
+                dtypes=(_spec.F32,), out=False),
+    _quant_spec("global_avg_pool2d", ("adaptive_avg_pool2d",), _global_avg_pool2d_bad,
+                reference=_ref("global_avg_pool2d"), samples=_global_avg_pool2d_samples,
+                dtypes=(_spec.F32,), out=False),
 )}
 
 
@@ -388,7 +578,8 @@ def dequantize(q, dtype=np.float32, out=None):
     # not `None in _FLOATS`: NumPy's dtype == None is float64 == float64
     if fdtype is None or fdtype not in _FLOATS:
         raise TypeError(f"{op}: argument 'dtype' must be float32 or float64, got {dtype!r}")
-    dev = q.device
+    # an out= on another device is named the way every operator names it
+    dev = _dispatch.resolve_device(op, q=q.values, out=out)
     values = _contiguous(op, "q", q.values, dev)
     out = _checks.output(op, out, q.shape, fdtype, dev, {"q": values})
     if q.axis is None:

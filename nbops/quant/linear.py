@@ -59,10 +59,162 @@ _MODE = {"int32": 0, "fixed": 1, "float": 2, "dequant": 3}
 # ---------------------------------------------------------------------------
 # Declarations
 #
-# No samples: the op table compares float arrays of the run's dtype, and
-# these operators return int32 arrays, QTensors or float32 whatever the
-# inputs. Their bad inputs run in tests/test_quant_gemm.py through
-# nbops.testing.check_bad_inputs.
+# The op table runs every operator here: int32 results compare exactly,
+# QTensor results as values bit for bit with equal parameters, float32
+# results against references that do the kernels' float32 arithmetic
+# (tests/test_quant_gemm.py). The samples do not depend on the dtype asked
+# for: these operators take no float array (linear_dynamic takes float32
+# only), so they declare float32 alone. Their out= (matmul_integer's, int32)
+# is tested in test_quant_gemm.py: the op table's out= checks pass float64
+# arrays. Every sample is small enough for the simulated CUDA rows but one
+# of each list, larger than the CPU's 8 x 32 register tile along m or n.
+
+U8, I8 = np.uint8, np.int8
+
+
+def _ints(rng, shape, dtype):
+    """Integers over the whole range of ``dtype`` (0-d stays an array)."""
+    lo, hi = QTYPES[np.dtype(dtype)]
+    return np.asarray(rng.integers(lo, hi + 1, shape), dtype)
+
+
+def _matmul_integer_samples(dtype):
+    """Both operand types in every pairing, per-row and per-column zero
+    points (int arrays), batch axes that broadcast, 1-D operands on either
+    side, an empty reduction, and the extremes: both ends of the ranges
+    against zero points at the other end."""
+    rng = np.random.default_rng(7)
+    cases = (((4, 9), (9, 6), U8, I8, 0, 0), ((2, 3, 5), (5, 7), U8, U8, "rows", "cols"),
+             ((3, 1, 2, 4), (2, 4, 3), I8, I8, -7, 3), ((17,), (17, 6), I8, U8, 12, "cols"),
+             ((4, 6), (6,), U8, I8, "rows", -128), ((5, 0), (0, 3), U8, I8, 1, 2),
+             ((9, 37), (37, 40), U8, I8, 131, -5))
+    out = []
+    for sa, sb, da, db, za, zb in cases:
+        a, b = _ints(rng, sa, da), _ints(rng, sb, db)
+        m = sa[-2] if len(sa) > 1 else 1
+        n = sb[-1] if len(sb) > 1 else 1
+        za = _ints(rng, (m,), da).astype(np.int32) if za == "rows" else za
+        zb = _ints(rng, (n,), db).astype(np.int32) if zb == "cols" else zb
+        out.append(_spec.Sample((a, b), dict(a_zero_point=za, b_zero_point=zb),
+                                f"{sa}{np.dtype(da).name}@{sb}{np.dtype(db).name}"))
+    a = np.array([[255, 0, 255, 0], [0, 255, 0, 255]], U8)
+    b = np.array([[-128, 127, 127], [127, -128, 127], [-128, -128, -128], [127, 127, 127]], I8)
+    out.append(_spec.Sample((a, b), dict(a_zero_point=np.array([0, 255], np.int32),
+                                         b_zero_point=np.array([127, -128, 0], np.int32)),
+                            "edge"))
+    return out
+
+
+def _matmul_samples(dtype):
+    """QLinearMatMul per tensor and per column, both operand and output
+    types (qa's by default), batch axes, 1-D operands, an empty reduction,
+    an output scale that saturates, both requantizations."""
+    rng = np.random.default_rng(8)
+
+    def q(shape, dt, zp, scale=None, axis=None):
+        if axis is not None:
+            n = shape[axis]
+            return QTensor(_ints(rng, shape, dt), rng.uniform(0.002, 0.02, n),
+                           _ints(rng, (n,), dt) // 4 + (0 if dt == I8 else 96), axis)
+        return QTensor(_ints(rng, shape, dt), 0.05 if scale is None else scale, zp)
+
+    cases = ((q((5, 8), U8, 131), q((8, 6), I8, 0, 0.01), 0.08, -5, I8),
+             (q((2, 3, 7), U8, 3), q((7, 5), I8, 0, axis=1), 0.05, 100, None),
+             (q((7,), I8, -20), q((7, 4), I8, 0, axis=1), 0.02, 0, I8),
+             (q((3, 6), I8, 5), q((6,), U8, 128, 0.2), 0.3, 128, U8),
+             (q((2, 1, 3, 4), U8, 0), q((3, 4, 2), I8, -1, 0.03), 0.4, 0, None),
+             (q((3, 0), U8, 7), q((0, 4), I8, 0, 0.5), 0.1, 12, None),
+             (q((4, 5), I8, 0), q((5, 3), I8, 0, 0.5), 1e-4, 0, I8),
+             (q((11, 21), U8, 140), q((21, 19), I8, 0, axis=1), 0.08, -5, I8))
+    return [_spec.Sample((qa, qb, so, zo), dict(out_dtype=odt, requant=requant),
+                         f"{qa.shape}@{qb.shape}{'' if qb.axis is None else 'per-column'},"
+                         f"{requant}")
+            for qa, qb, so, zo, odt in cases for requant in ("fixed", "float")]
+
+
+def _weight(rng, shape, dt, per_channel):
+    """A quantized weight, per output channel (axis 0) or per tensor."""
+    oc = shape[0]
+    if per_channel:
+        return QTensor(_ints(rng, shape, dt), rng.uniform(0.001, 0.01, oc),
+                       _ints(rng, (oc,), dt) // 8 + (0 if dt == I8 else 100), axis=0)
+    return QTensor(_ints(rng, shape, dt), 0.004, -3 if dt == I8 else 128)
+
+
+def _bias(rng, n):
+    return rng.integers(-5000, 5000, n).astype(np.int32)
+
+
+def _linear_samples(dtype):
+    """Both input and weight types, per-channel and per-tensor weights, with
+    and without an int32 bias, requantized both ways to either type or
+    dequantized to float32, 1-D and 3-D inputs."""
+    rng = np.random.default_rng(9)
+    out = []
+    for xs, dx, dw, per_channel, with_bias, odt in (
+            ((3, 3, 8), U8, I8, True, True, U8), ((4, 10), I8, I8, False, True, I8),
+            ((2, 12), U8, U8, True, False, I8), ((8,), I8, I8, True, True, None),
+            ((3, 3, 8), I8, I8, True, False, None), ((9, 45), U8, I8, True, True, U8)):
+        k = xs[-1]
+        n = 5 if k == 8 else 35 if k == 45 else 6
+        x = QTensor(_ints(rng, xs, dx), 0.03, 7 if dx == I8 else 140)
+        w = _weight(rng, (n, k), dw, per_channel)
+        args = (x, w, _bias(rng, n)) if with_bias else (x, w)
+        label = f"{xs}{np.dtype(dx).name},w{'per-channel' if per_channel else ''}"
+        if odt is None:
+            out.append(_spec.Sample(args, {}, label + ",float32"))
+            continue
+        zo = -9 if odt == I8 else 77
+        for requant in ("fixed", "float"):
+            out.append(_spec.Sample(args, dict(out_scale=0.06, out_zero_point=zo,
+                                               out_dtype=odt, requant=requant),
+                                    f"{label},{np.dtype(odt).name},{requant}"))
+    return out
+
+
+def _linear_dynamic_samples(dtype):
+    """Per-channel and per-tensor int8 weights, with and without a float32
+    bias, inputs of both signs, of one sign (the range extended to 0), all
+    zero (unit scale), 1-D and 3-D."""
+    rng = np.random.default_rng(10)
+    out = []
+    for xs, lo, hi, per_channel, with_bias in (
+            ((2, 5, 8), -2.0, 3.0, True, True), ((4, 12), -1.0, 1.0, False, False),
+            ((3, 8), 0.5, 4.0, True, False), ((8,), -3.0, -0.25, True, True),
+            ((2, 8), 0.0, 0.0, False, True), ((16, 64), -2.0, 2.0, True, True)):
+        k = xs[-1]
+        n = 6 if k < 64 else 24
+        x = rng.uniform(lo, hi, xs).astype(np.float32)
+        w = _weight(rng, (n, k), I8, per_channel)
+        args = (x, w, rng.standard_normal(n).astype(np.float32)) if with_bias else (x, w)
+        out.append(_spec.Sample(args, {}, f"{xs}[{lo},{hi}],bias={with_bias}"))
+    return out
+
+
+def _conv2d_samples(dtype):
+    """Per-channel and per-tensor weights, both input types, padding,
+    strides and dilations given as pairs, grouped and depthwise, with and
+    without a bias, dequantized to float32 or requantized both ways."""
+    rng = np.random.default_rng(11)
+    out = []
+    for xs, ws, kw, dx, per_channel, with_bias, odt in (
+            ((1, 3, 5, 6), (4, 3, 3, 3), dict(padding=1), U8, True, True, U8),
+            ((2, 4, 4, 3), (6, 2, 3, 3), dict(stride=(2, 1), padding=1, dilation=(1, 2),
+                                              groups=2), U8, True, True, U8),
+            ((1, 4, 4, 4), (4, 1, 3, 3), dict(groups=4), I8, True, False, I8),
+            ((1, 8, 4, 4), (9, 8, 1, 1), dict(stride=2), I8, False, True, U8),
+            ((2, 6, 10, 13), (12, 6, 3, 3), dict(padding=1), I8, True, True, I8)):
+        qx = QTensor(_ints(rng, xs, dx), 0.04, 130 if dx == U8 else -6)
+        qw = _weight(rng, ws, I8, per_channel)
+        args = (qx, qw, _bias(rng, ws[0])) if with_bias else (qx, qw)
+        label = f"{xs}*{ws}{kw}"
+        out.append(_spec.Sample(args, dict(kw), label + ",float32"))
+        for requant in ("fixed", "float"):
+            out.append(_spec.Sample(args, dict(kw, out_scale=0.1,
+                                               out_zero_point=100 if odt == U8 else -3,
+                                               out_dtype=odt, requant=requant),
+                                    f"{label},{np.dtype(odt).name},{requant}"))
+    return out
 
 
 def _lazy_bad(make):
@@ -133,7 +285,9 @@ def _linear_bad():
         ((qx, qw), dict(out_scale=0.1), ValueError, "both"),
         ((qx, qw), dict(out_dtype=np.int8), ValueError, "'out_dtype' needs"),
         ((qx, qw), dict(out_scale=0.1, out_zero_point=0, requant="round"), ValueError,
-         "requant")]
+         "requant"),
+        ((qx, qw, np.zeros(3, np.float32)), {}, TypeError, "'bias' must be int32"),
+        ((qx, qw, np.zeros(4, np.int32)), {}, ValueError, "'bias' must have shape")]
 
 
 def _linear_dynamic_bad():
@@ -143,7 +297,9 @@ def _linear_dynamic_bad():
         ((qx, qw), {}, TypeError, "float32"),
         ((np.zeros((2, 8), np.int8), qw), {}, TypeError, "must be a float32 array"),
         ((np.zeros((2, 8)), qw), {}, TypeError, "float32"),
-        ((x, np.zeros((3, 8), np.int8)), {}, TypeError, "'w' must be a QTensor")]
+        ((x, np.zeros((3, 8), np.int8)), {}, TypeError, "'w' must be a QTensor"),
+        ((np.zeros((2, 7), np.float32), qw), {}, ValueError, "input features"),
+        ((np.full((2, 8), np.nan, np.float32), qw), {}, ValueError, "non-finite")]
 
 
 def _conv2d_bad():
@@ -187,15 +343,35 @@ def _bench(name, baseline, setup, reference, **options):
                        options=dict(dtypes=(_spec.F32,), tol=(1e-6, 1e-6), **options))
 
 
+def _ref(name):
+    return f"test_quant_gemm:ref_op_{name}"
+
+
+F32 = (_spec.F32,)
+#: float32 results that are one rounding of a float32 product, as in the reference
+_EXACT = {_spec.F32: (0.0, 0.0)}
+
+# matmul_integer's operands may have any strides on both devices; linear's
+# and conv2d's bias, and linear_dynamic's x and bias, must be C-contiguous
+# on CUDA (strided=()).
 SPECS = {s.name: s for s in (
     _gemm_spec("matmul_integer", ("gemm_op",), _matmul_integer_bad,
+               reference=_ref("matmul_integer"), samples=_matmul_integer_samples, dtypes=F32,
+               out=False,
                bench=(_bench("quant_matmul_integer", "numpy_int32", "square_ints", "ref_gemm",
                              out_like="gemm_out", flops="gemm_ops",
                              baseline_name="numpy int32 matmul"),)),
-    _gemm_spec("matmul", ("gemm_op",), _matmul_bad, out=False),
-    _gemm_spec("linear", ("gemm_op",), _linear_bad, out=False),
-    _gemm_spec("linear_dynamic", ("gemm_op",), _linear_dynamic_bad, out=False),
-    _gemm_spec("conv2d", ("conv2d_op",), _conv2d_bad, out=False),
+    _gemm_spec("matmul", ("gemm_op",), _matmul_bad, reference=_ref("matmul"),
+               samples=_matmul_samples, dtypes=F32, out=False),
+    _gemm_spec("linear", ("gemm_op",), _linear_bad, reference=_ref("linear"),
+               samples=_linear_samples, dtypes=F32, tol=_EXACT, out=False, strided=()),
+    # the CPU kernel fuses the scale's product and the float bias's sum (one
+    # FMA), the simulator does not, a GPU may: the default float32 tolerance
+    _gemm_spec("linear_dynamic", ("gemm_op",), _linear_dynamic_bad,
+               reference=_ref("linear_dynamic"), samples=_linear_dynamic_samples, dtypes=F32,
+               out=False, strided=()),
+    _gemm_spec("conv2d", ("conv2d_op",), _conv2d_bad, reference=_ref("conv2d"),
+               samples=_conv2d_samples, dtypes=F32, tol=_EXACT, out=False, strided=()),
 )}
 
 
