@@ -190,3 +190,39 @@ SOFTMAX_PREFETCH = 4096
 #: Nonzeros ahead whose dense row the sparse kernels prefetch (4, 8 and 16 alike).
 #: bench: tools/bench_sparse.py
 SPARSE_AHEAD = 8
+
+# --- streaming stores ----------------------------------------------------------
+
+#: Outputs from this many bytes on are written with non-temporal stores by
+#: the kernels that offer it: half the L3 of the machines nbops is tuned on
+#: (32 MiB), so that an output that could stay in cache for its consumer does.
+#: bench: benchmarks/bench_activations.py (16M elements), benchmarks/bench_softmax.py
+STREAM_BYTES = 16 << 20
+
+# --- CUDA launch sizes (the simulator's smaller overrides stay in the kernel
+# modules). Chosen as common defaults, not yet timed on a GPU: the GPU
+# suites are the asv benchmarks named, run where a GPU is present.
+
+#: Threads per block of 1-D elementwise kernels (nbops/cuda/_launch.py).
+#: bench: benchmarks/bench_activations.py on a GPU
+CUDA_THREADS = 256
+
+#: Tile edge of 2-D tiled kernels (transpose) and rows of threads per tile.
+#: bench: benchmarks/bench_tensor.py on a GPU
+CUDA_TILE = 32
+CUDA_TILE_ROWS = 8
+
+#: Output pixels per block of the direct convolution, and weight taps
+#: staged in shared memory per chunk.
+#: bench: benchmarks/bench_conv.py on a GPU
+CUDA_CONV_THREADS = 128
+CUDA_CONV_WCHUNK = 512
+
+#: Rows per partial sum of the normalization weight and bias gradients.
+#: bench: benchmarks/bench_normalization.py on a GPU
+CUDA_NORM_ROW_CHUNK = 128
+
+#: Rows up to this length are summed by one thread each in the CUDA
+#: reductions (a block per row would leave most of its threads idle).
+#: bench: benchmarks/bench_autograd.py on a GPU
+CUDA_SHORT_ROW = 64

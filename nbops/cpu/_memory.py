@@ -26,16 +26,16 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic, register_jitable
 
+from .. import _tunables
+
 __all__ = ["prefetch", "stream_affine", "stream_rows", "streams", "LINE", "STREAM_BYTES",
            "splat", "lane_mask", "masked_op"]
 
 #: Bytes of one cache line: the unit of :func:`stream_affine`.
 LINE = 64
 
-#: Outputs from this many bytes on are written with non-temporal stores by
-#: the kernels that offer it: half the L3 of the machines nbops is tuned on
-#: (32 MiB), so that an output that could stay in cache for its consumer does.
-STREAM_BYTES = 16 << 20
+#: Outputs from this many bytes on are streamed (nbops/_tunables.py).
+STREAM_BYTES = _tunables.STREAM_BYTES
 
 
 def streams(out):

@@ -11,14 +11,16 @@ import math
 
 from numba import config, cuda
 
+from .. import _tunables
+
 SIMULATED = bool(config.ENABLE_CUDASIM)
 
-#: Threads per block of 1-D elementwise kernels.
-THREADS = 32 if SIMULATED else 256
+#: Threads per block of 1-D elementwise kernels (nbops/_tunables.py).
+THREADS = 32 if SIMULATED else _tunables.CUDA_THREADS
 #: Tile edge of 2-D tiled kernels (transpose): TILE x TILE elements per block.
-TILE = 8 if SIMULATED else 32
+TILE = 8 if SIMULATED else _tunables.CUDA_TILE
 #: Rows of threads per 2-D tile block (each thread handles TILE / TILE_ROWS elements).
-TILE_ROWS = 4 if SIMULATED else 8
+TILE_ROWS = 4 if SIMULATED else _tunables.CUDA_TILE_ROWS
 
 
 def _max_blocks():

@@ -17,7 +17,7 @@ import math
 import numpy as np
 from numba import cuda, float64
 
-from .. import _formulas, _layout
+from .. import _formulas, _layout, _tunables
 from ._launch import THREADS, grid_1d
 from .activations import _binary_kernels, _launcher, _unary_kernels
 
@@ -162,7 +162,7 @@ def _reduce_short_rows(x, out, scale):
 
 #: Rows up to this length are summed by one thread each (a block per row
 #: would leave most of its threads idle).
-SHORT_ROW = 64
+SHORT_ROW = _tunables.CUDA_SHORT_ROW
 
 
 def _reduce(x, axes, out, mean):

@@ -19,13 +19,14 @@ Backward: ``im2col`` writes one patch-matrix element per thread;
 import numpy as np
 from numba import cuda, float32, float64
 
+from .. import _tunables
 from ._launch import SIMULATED, grid_1d
 
 __all__ = ["conv2d", "im2col", "col2im", "bn_scale_shift", "fold_weights"]
 
 #: Output pixels per block (one per thread) and weight taps staged per chunk.
-THREADS = 32 if SIMULATED else 128
-WCHUNK = 16 if SIMULATED else 512
+THREADS = 32 if SIMULATED else _tunables.CUDA_CONV_THREADS
+WCHUNK = 16 if SIMULATED else _tunables.CUDA_CONV_WCHUNK
 #: Grid caps: pixel tiles (x) and planes (y); kernels stride over the rest.
 MAX_TILES, MAX_PLANES = (2, 4) if SIMULATED else (4096, 65535)
 

@@ -18,6 +18,7 @@ import math
 import numpy as np
 from numba import cuda, float64
 
+from .. import _tunables
 from ._launch import SIMULATED, THREADS, grid_1d
 
 __all__ = ["norm_rows", "norm_rows_backward", "batch_norm_stats", "batch_norm_invstd",
@@ -30,7 +31,7 @@ _T = THREADS
 
 #: Rows per partial sum of the weight and bias gradients: one thread per
 #: (row chunk, column) keeps the grid full when rows are many and columns few.
-ROW_CHUNK = 4 if SIMULATED else 128
+ROW_CHUNK = 4 if SIMULATED else _tunables.CUDA_NORM_ROW_CHUNK
 
 
 def _blocks(n):
