@@ -30,7 +30,8 @@ from test_normalization import ref_batch_norm, ref_layer_norm
 from test_pooling import ref_adaptive_avg_pool2d, ref_avg_pool2d, ref_max_pool2d
 from test_quant import avg_pool_reference
 from test_quant_gemm import _real, _requant_ref, ref_conv, ref_matmul_integer
-from test_neuromorphic import ANTIDERIVATIVE, SURROGATE_PARAM, _smooth_loss, ref_run
+from test_neuromorphic import (ANTIDERIVATIVE, SURROGATE_PARAM, _counter_uniform,
+                               _smooth_loss, ref_run)
 from test_softmax import ref as ref_softmax
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
@@ -1613,22 +1614,7 @@ def _first_spike_ref(s):
 # it exactly makes the row an exact reference: same seed, same spikes, each
 # spike where the uniform falls below the neuron's probability.
 
-_U32 = np.uint64(0xFFFFFFFF)
-
-
-def _lowbias32(x):
-    x = x ^ (x >> np.uint64(16))
-    x = (x * np.uint64(0x7FEB352D)) & _U32
-    x = x ^ (x >> np.uint64(15))
-    x = (x * np.uint64(0x846CA68B)) & _U32
-    return x ^ (x >> np.uint64(16))
-
-
-def _counter_uniform(seed, counters):
-    key = _lowbias32(np.uint64(seed & 0xFFFFFFFF)) ^ np.uint64(seed >> 32)
-    i = counters.astype(np.uint64)
-    h = _lowbias32((i & _U32) ^ _lowbias32((i >> np.uint64(32)) ^ key))
-    return _lowbias32(h ^ key).astype(np.float64) / 2.0 ** 32
+# (the generator itself: tests/test_neuromorphic.py's _counter_uniform)
 
 
 SPIKE_STORAGE = [np.uint8, np.bool_, np.float32, np.float64]

@@ -32,6 +32,17 @@ def seed_loop(spikes, decay, threshold):
     return np.stack(output), membrane_potential
 
 
+def _membrane(model, v, b, x_t, beta, thr, p2, p3, active, zero):
+    """One step's membrane before the spike: ``(u, threshold, b)`` (b the
+    synaptic current or the adaptation, as the model has it)."""
+    if model == "lif":
+        return v * beta + np.where(active, x_t, zero), thr, b
+    if model == "synaptic":
+        b = b * p2 + x_t
+        return v * beta + b, thr, b
+    return v * beta + x_t, thr + p3 * b, b      # alif: the threshold adapts
+
+
 def ref_run(model, x, beta, thr, p2=0.0, p3=0.0, reset="subtract", v0=None, b0=None,
             refractory=0, spike=None, detach=True):
     """Each model's equations step by step, in x's dtype.
@@ -49,18 +60,8 @@ def ref_run(model, x, beta, thr, p2=0.0, p3=0.0, reset="subtract", v0=None, b0=N
     r = np.zeros(x.shape[1:], np.int64)
     spikes, trace, plain, zs = [], [], [], []
     for t in range(x.shape[0]):
-        active = np.ones(x.shape[1:], bool)
-        if model == "lif":
-            active = r == 0
-            u = v * beta + np.where(active, x[t], dt(0))
-            theta = thr
-        elif model == "synaptic":
-            b = b * p2 + x[t]
-            u = v * beta + b
-            theta = thr
-        else:
-            theta = thr + p3 * b
-            u = v * beta + x[t]
+        active = r == 0 if model == "lif" else np.ones(x.shape[1:], bool)
+        u, theta, b = _membrane(model, v, b, x[t], beta, thr, p2, p3, active, dt(0))
         h = (u > theta) & active
         s = h.astype(x.dtype) if spike is None else np.where(active, spike(t, u - theta, h), 0)
         sr = h.astype(x.dtype) if (spike is None or detach) else s
@@ -211,18 +212,10 @@ def ref_bptt(model, gs, x, beta, thr, p2=0.0, p3=0.0, reset="subtract", v0=None,
     r = np.zeros(step, np.int64)
     hist = []                   # (v before the step, u, theta, spike, active)
     for t in range(x.shape[0]):
-        active = np.ones(step, bool)
+        active = r == 0 if model == "lif" else np.ones(step, bool)
+        u, theta, b = _membrane(model, v, b, x[t], beta, thr, p2, p3, active, 0.0)
         if model == "lif":
-            active = r == 0
-            u = v * beta + np.where(active, x[t], 0.0)
             theta = np.where(active, thr, np.inf)
-        elif model == "synaptic":
-            b = b * p2 + x[t]
-            u = v * beta + b
-            theta = thr
-        else:
-            theta = thr + p3 * b
-            u = v * beta + x[t]
         h = u > theta
         hist.append((v, u, theta, h, active))
         v = np.where(h, u - theta, u) if reset == "subtract" else \
