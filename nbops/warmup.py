@@ -311,8 +311,8 @@ class _Request:
 def kernel_families(names):
     """Partition built-in operator names into families, longest first.
 
-    An op's keys are its front module and the kernel modules that module
-    names (:func:`family_keys`); ops sharing a key are one family (the
+    An op's keys are its front module and its kernel family's modules
+    (:func:`family_keys`); ops sharing a key are one family (the
     connected components). Returns a list of ``(ops, keys, cost)`` tuples:
     ``ops`` in the order given, ``keys`` a frozenset, ``cost`` the expected
     cold seconds (:data:`COLD_SECONDS`), sorted by decreasing cost.
@@ -347,25 +347,11 @@ def kernel_families(names):
 
 def family_keys(name):
     """The family keys of built-in op ``name``: its front module and the
-    kernel modules (CPU and CUDA) named in that module's source."""
-    front = _dispatch.get_operator(name).front.__module__
-    return frozenset({front}) | _named_kernel_modules(front)
-
-
-_NAMED = {}
-
-
-def _named_kernel_modules(module):
-    """Kernel modules a module's source names as ``"pkg.mod:attr"`` strings
-    (also inside f-strings), the registry's way of naming kernels."""
-    if module not in _NAMED:
-        import importlib.util
-        import re
-
-        with open(importlib.util.find_spec(module).origin, encoding="utf-8") as f:
-            found = set(re.findall(r"\b(nbops(?:\.\w+)+):", f.read()))
-        _NAMED[module] = frozenset(found)
-    return _NAMED[module]
+    kernel modules (CPU and CUDA) of its spec's kernel family."""
+    op = _dispatch.get_operator(name)
+    family = op.spec.family
+    modules = () if family is None else (family.cpu, family.cuda)
+    return frozenset({op.front.__module__} | {m for m in modules if m})
 
 
 # ---------------------------------------------------------------------------
