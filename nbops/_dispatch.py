@@ -155,10 +155,14 @@ def kernel(op, device):
     if isinstance(impl, str):
         if device == CUDA:
             ensure_cuda()
-        module, _, attr = impl.partition(":")
-        impl = getattr(importlib.import_module(module), attr)
-        _KERNELS[(op, device)] = impl
+        impl = _KERNELS[(op, device)] = resolve(impl)
     return impl
+
+
+def resolve(path):
+    """The object a ``"module:attr"`` string names, its module imported."""
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def registered_ops():
@@ -257,14 +261,10 @@ def _hooked_call(op, args, kwargs):
     return result
 
 
-def operator(spec, *, backward=None, save=("inputs",)):
+def operator(spec):
     """Decorator for built-in operators: registers the kernels and the
     backward rule of ``spec`` (an :class:`nbops._spec.OpSpec`) and wraps the
-    front function into an :class:`Operator`. A plain name declares an
-    operator whose kernels its family registers itself (``backward`` and
-    ``save`` then given here)."""
-    if isinstance(spec, str):
-        spec = _spec.OpSpec(spec, None, backward=backward, save=save)
+    front function into an :class:`Operator` (see :func:`define`)."""
 
     def deco(front):
         return define(spec, front)

@@ -54,7 +54,7 @@ class Family:
 
     def kernel(self, kernel, device):
         """Kernel ``kernel`` of this family on ``device``, imported on first use."""
-        return _dispatch.kernel(f"{self.name}.{kernel}", device)
+        return _dispatch.kernel(self.key(kernel), device)
 
     def path(self, kernel, device):
         module = self.cpu if device == "cpu" else self.cuda
@@ -345,6 +345,20 @@ class Shapes:
         out += [Sample((np.array(values, dtype),), dict(kw), f"edge{kw}")
                 for values, kw in self.edge]
         return out
+
+
+def overrides(base, positional, cases):
+    """``bad(dtype)`` from ``(changes, error, match)`` triples: the call with
+    the arguments ``base`` (a dict; the names in ``positional`` are passed by
+    position, the rest by keyword) updated by ``changes``."""
+    def bad(dtype):
+        out = []
+        for changes, error, match in cases:
+            kw = {**base, **changes}
+            out.append(Bad(tuple(kw.pop(k) for k in positional), kw, error, match))
+        return out
+
+    return bad
 
 
 def float_only(n_inputs=1, names=("x",), params=(), shapes="same", defaults=None):

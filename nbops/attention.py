@@ -52,23 +52,18 @@ def _samples(dtype):
     ]
 
 
-def _bad(dtype):
-    base = dict(q=np.zeros((2, 4, 4)), k=np.zeros((2, 5, 4)), v=np.zeros((2, 5, 3)))
-    out = []
-    for change, error, match in (
-            (dict(k=np.zeros((2, 5, 3))), ValueError, "head dimensions differ"),
-            (dict(v=np.zeros((2, 6, 4))), ValueError, "key and value lengths differ"),
-            (dict(mask=np.ones((3, 5), bool)), ValueError, "'mask' of shape"),
-            (dict(mask=np.ones((4, 5), np.int32)), TypeError, "'mask' must be bool"),
-            (dict(mask=np.zeros((4, 5), np.float32)), TypeError, "'mask' must be bool"),
-            (dict(q=np.zeros((3, 4, 4))), ValueError, "do not broadcast"),
-            (dict(q=np.zeros(4)), ValueError, "'q' must have at least 2"),
-            (dict(k=np.zeros((2, 5, 4), np.float32)), TypeError, "'q' is float64 but 'k'"),
-            (dict(causal=1), TypeError, "'causal' must be a bool"),
-            (dict(scale=0.0), ValueError, "'scale' must be nonzero")):
-        kw = {**base, **change}
-        out.append(_spec.Bad((kw.pop("q"), kw.pop("k"), kw.pop("v")), kw, error, match))
-    return out
+_BAD = _spec.overrides(
+    dict(q=np.zeros((2, 4, 4)), k=np.zeros((2, 5, 4)), v=np.zeros((2, 5, 3))), ("q", "k", "v"), (
+        (dict(k=np.zeros((2, 5, 3))), ValueError, "head dimensions differ"),
+        (dict(v=np.zeros((2, 6, 4))), ValueError, "key and value lengths differ"),
+        (dict(mask=np.ones((3, 5), bool)), ValueError, "'mask' of shape"),
+        (dict(mask=np.ones((4, 5), np.int32)), TypeError, "'mask' must be bool"),
+        (dict(mask=np.zeros((4, 5), np.float32)), TypeError, "'mask' must be bool"),
+        (dict(q=np.zeros((3, 4, 4))), ValueError, "do not broadcast"),
+        (dict(q=np.zeros(4)), ValueError, "'q' must have at least 2"),
+        (dict(k=np.zeros((2, 5, 4), np.float32)), TypeError, "'q' is float64 but 'k'"),
+        (dict(causal=1), TypeError, "'causal' must be a bool"),
+        (dict(scale=0.0), ValueError, "'scale' must be nonzero")))
 
 
 def _attention_rule(ctx, grad):
@@ -78,7 +73,7 @@ def _attention_rule(ctx, grad):
 SPEC = _spec.OpSpec(
     "scaled_dot_product_attention", FAMILY, ("forward", "backward", "bool_to_additive"),
     backward=_attention_rule, reference="test_attention:reference", samples=_samples,
-    bad=_bad, grad=_spec.Grad((0, 1, 2)),
+    bad=_BAD, grad=_spec.Grad((0, 1, 2)),
     tol={_spec.F32: (2e-5, 2e-5), _spec.F64: (1e-11, 1e-12)},
     bench=(_spec.Bench(
         "nbops.bench.attention:attention_numpy", "attention", "nbops.bench.attention:setup",

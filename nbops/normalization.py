@@ -127,27 +127,8 @@ def _rows_samples(centered):
     return samples
 
 
-def _bad_calls(op, base, cases):
-    """``bad(dtype)`` from ``(overrides, error, match)``: the ``base``
-    arguments (a dict in signature order, float64) with some replaced."""
-    def bad(dtype):
-        out = []
-        for over, error, match in cases:
-            kw = {**base, **over}
-            names = list(base)
-            npos = next(i for i, k in enumerate(names) if k not in _POSITIONAL[op]) \
-                if any(k not in _POSITIONAL[op] for k in names) else len(names)
-            args = tuple(kw.pop(k) for k in names[:npos])
-            out.append(_spec.Bad(args, kw, error, match))
-        return out
-
-    return bad
-
-
-_POSITIONAL = {"batch_norm": ("x", "running_mean", "running_var"),
-               "layer_norm": ("x", "normalized_shape"), "rms_norm": ("x", "normalized_shape")}
 _BN_BASE = dict(x=np.zeros((2, 3, 4, 4)), running_mean=np.zeros(3), running_var=np.ones(3))
-_BN_BAD = _bad_calls("batch_norm", _BN_BASE, (
+_BN_BAD = _spec.overrides(_BN_BASE, ("x", "running_mean", "running_var"), (
     (dict(x=np.zeros((2, 3), np.int32)), TypeError, "'x' must be a float32 or float64"),
     (dict(x=np.zeros(3)), ValueError, "must be 2-D"),
     (dict(x=np.zeros((1, 2, 3, 4, 5))), ValueError, "must be 2-D"),
@@ -165,7 +146,8 @@ _BN_BAD = _bad_calls("batch_norm", _BN_BASE, (
     (dict(x=np.zeros((1, 3)), training=True), ValueError, "more than 1 value per channel"),
     (dict(running_var=np.ones(6)[::2], training=True), ValueError, "must be contiguous")))
 _ROW_BASE = dict(x=np.zeros((2, 3, 4, 4)), normalized_shape=4)
-_LN_BAD = _bad_calls("layer_norm", _ROW_BASE, (
+_ROW_POSITIONAL = ("x", "normalized_shape")
+_LN_BAD = _spec.overrides(_ROW_BASE, _ROW_POSITIONAL, (
     (dict(normalized_shape=(5,)), ValueError, "suffix"),
     (dict(normalized_shape=(3, 4)), ValueError, "suffix"),
     (dict(normalized_shape=()), ValueError, "non-empty suffix"),
@@ -176,7 +158,7 @@ _LN_BAD = _bad_calls("layer_norm", _ROW_BASE, (
     (dict(weight=np.ones(4, np.float32)), TypeError, "cast one of them"),
     (dict(eps=-1.0), ValueError, "'eps' must be >= 0"),
     (dict(x=np.zeros((2, 4), np.int64)), TypeError, "float32 or float64")))
-_RMS_BAD = _bad_calls("rms_norm", _ROW_BASE, (
+_RMS_BAD = _spec.overrides(_ROW_BASE, _ROW_POSITIONAL, (
     (dict(normalized_shape=(4, 4, 4)), ValueError, "suffix"),
     (dict(weight=np.ones(5)), ValueError, "'weight' must have shape"),
     (dict(x=np.zeros((2, 4), np.int64)), TypeError, "float32 or float64")))
@@ -191,10 +173,11 @@ def _bench(name, setup, reference="", **kwargs):
 SPECS = {s.name: s for s in (
     _spec.OpSpec("batch_norm", FAMILY, _ENTRIES[2:], backward=_batch_norm_rule,
                  samples=_batch_norm_samples, bad=_BN_BAD, grad=_spec.Grad((0, 3, 4)),
-                 tol=_TOL, bench=(_bench("batch_norm_eval", "setup_channels"),
-                        _bench("batch_norm_train", "setup_channels",
-                               "nbops.bench.normalization:batch_norm_train_reference",
-                               training=True))),
+                 tol=_TOL, bench=(
+                     _bench("batch_norm_eval", "setup_channels"),
+                     _bench("batch_norm_train", "setup_channels",
+                            "nbops.bench.normalization:batch_norm_train_reference",
+                            training=True))),
     _spec.OpSpec("layer_norm", FAMILY, _ENTRIES[:2], backward=_layer_norm_rule,
                  samples=_rows_samples(True), bad=_LN_BAD, grad=_spec.Grad((0, 2, 3)),
                  tol=_TOL, bench=(_bench("layer_norm", "setup_rows"),)),

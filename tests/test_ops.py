@@ -17,8 +17,6 @@ cannot say: accuracy sweeps, kernel routes, streaming paths, special-value
 contracts that differ from the reference's formula.
 """
 
-import importlib
-
 import numpy as np
 import pytest
 
@@ -39,10 +37,7 @@ def _reference(spec):
     """``reference.py``'s function of the spec's reference name, or, for a
     ``"test_module:attr"`` name, that test module's (a family's own file)."""
     name = spec.reference_name
-    if ":" in name:
-        module, _, attr = name.partition(":")
-        return getattr(importlib.import_module(module), attr)
-    return getattr(ref, name)
+    return _dispatch.resolve(name) if ":" in name else getattr(ref, name)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 import numpy as np
 from numba import prange
 
-from .. import _spec
+from .. import _dispatch, _spec
 
 from .._jit import cpu_kernel
 from ..autotune import WARM_UP
@@ -207,22 +207,17 @@ def spec_cases(specs, default_setup):
     for spec in specs:
         op = nbops.get_operator(spec.name)
         for b in spec.bench:
-            options = {k: _resolve(v) if k in _CALLABLE_OPTIONS else v
+            options = {k: _dispatch.resolve(v) if k in _CALLABLE_OPTIONS else v
                        for k, v in b.options.items()}
             out.append(Case(
-                b.name or spec.name, _resolve(b.setup or default_setup(spec)),
-                _call_with(op, b.kwargs, spec.out), _resolve(b.baseline),
-                _resolve(b.reference) if b.reference else None, **options))
+                b.name or spec.name, _dispatch.resolve(b.setup or default_setup(spec)),
+                _call_with(op, b.kwargs, spec.out), _dispatch.resolve(b.baseline),
+                _dispatch.resolve(b.reference) if b.reference else None, **options))
     return out
 
 
 # Case fields that a spec names by "module:attr" (specs hold data, not code)
 _CALLABLE_OPTIONS = ("out_like", "nbytes", "flops", "pause")
-
-
-def _resolve(path):
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 def _call_with(op, kwargs, takes_out=True):
